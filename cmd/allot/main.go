@@ -1,0 +1,176 @@
+// Command allot runs allot. At this stage it checks configurations and
+// plays requests against the in-memory engine; the regional service and
+// the coordinator come as subcommands of their own.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/regional"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "allot:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: allot COMMAND [flags]
+
+commands:
+  check      play requests against the in-memory engine and print each decision
+  validate   check a limits file; every error names the file, line and field
+
+Run "allot COMMAND -h" for a command's flags.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command")
+	}
+	switch args[0] {
+	case "check":
+		return runCheck(ctx, args[1:], stdout, stderr)
+	case "validate":
+		return runValidate(args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// loadConfig reads path, or the built-in example when path is empty.
+func loadConfig(path string) (*allot.Config, error) {
+	if path == "" {
+		return allot.ParseConfig(examples.LimitsName, examples.LimitsYAML)
+	}
+	return allot.LoadConfigFile(path)
+}
+
+func runValidate(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("allot validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintln(stderr, "usage: allot validate FILE...") }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("validate: no file given")
+	}
+	for _, path := range fs.Args() {
+		cfg, err := allot.LoadConfigFile(path)
+		if err != nil {
+			return err
+		}
+		for _, d := range cfg.Domains {
+			fmt.Fprintf(stdout, "%s: domain %s: %d limits, %d plans, %d overrides: ok\n", path, d.Name, len(d.Limits), len(d.Plans), len(d.Overrides))
+		}
+	}
+	return nil
+}
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("allot check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		config   = fs.String("config", "", "limits file (default: the built-in "+examples.LimitsName+")")
+		domain   = fs.String("domain", "api", "domain of the requests")
+		desc     = fs.String("descriptor", "tenant=globex,user=42", "the requests' descriptor: key=value,...")
+		hits     = fs.Int64("hits", 1, "cost of each request")
+		count    = fs.Int("count", 8, "number of requests")
+		interval = fs.Duration("interval", 0, "virtual time between requests")
+	)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: allot check [flags]\n\nPlays COUNT requests, INTERVAL apart on a virtual clock, against the in-memory engine.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *count < 1 || *count > 1_000_000 {
+		return fmt.Errorf("check: --count must be between 1 and 1000000, got %d", *count)
+	}
+	if *interval < 0 {
+		return fmt.Errorf("check: --interval must not be negative, got %v", *interval)
+	}
+	d, err := parseDescriptor(*desc)
+	if err != nil {
+		return fmt.Errorf("check: --descriptor: %w", err)
+	}
+	cfg, err := loadConfig(*config)
+	if err != nil {
+		return err
+	}
+	e := regional.New(cfg, regional.Options{})
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tat\tdecision\tretry_after\tlimits (name: remaining/limit)")
+	now := time.Now()
+	var dec allot.Decision
+	for i := range *count {
+		if ctx.Err() != nil {
+			break
+		}
+		at := time.Duration(i) * *interval
+		if err := e.Check(now.Add(at), *domain, d, *hits, &dec); err != nil {
+			return err
+		}
+		verdict, retry := "allow", "-"
+		if !dec.Allowed {
+			verdict, retry = "REJECT (429)", dec.RetryAfter.String()
+		}
+		var parts []string
+		for _, st := range dec.Statuses {
+			p := fmt.Sprintf("%s: %d/%d", st.Name, st.Remaining, st.Limit)
+			if st.Shadow {
+				p += " (shadow)"
+			}
+			if !st.Allowed {
+				p += " ✗"
+			}
+			parts = append(parts, p)
+		}
+		if len(parts) == 0 {
+			parts = append(parts, "no limit matches")
+		}
+		fmt.Fprintf(tw, "%d\t+%v\t%s\t%s\t%s\n", i+1, at, verdict, retry, strings.Join(parts, ", "))
+	}
+	return tw.Flush()
+}
+
+// parseDescriptor parses "k1=v1,k2=v2".
+func parseDescriptor(s string) (allot.Descriptor, error) {
+	var d allot.Descriptor
+	if strings.TrimSpace(s) == "" {
+		return d, nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		k, v, ok := strings.Cut(part, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("want key=value, got %q", part)
+		}
+		d = append(d, allot.Entry{Key: k, Value: strings.TrimSpace(v)})
+	}
+	return d, nil
+}

@@ -1,0 +1,221 @@
+package regional
+
+import (
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot"
+)
+
+// params are one key's budget in this region at this instant: the key's
+// effective limit scaled by the region's share.
+//
+// Slot fields by algorithm:
+//
+//	token_bucket:   t = last refill (unix ns), a = tokens (may be < 0 after a forced charge)
+//	gcra:           t = theoretical arrival time (unix ns), b = last update (unix ns)
+//	sliding_window: t = current window start (unix ns), a = current count, b = previous count
+type params struct {
+	alg    allot.Algorithm
+	amount float64 // per period
+	burst  float64 // capacity (token bucket, gcra)
+	period int64   // ns
+}
+
+// maxWait caps reported durations: a key whose rate is 0 (share 0) never
+// refills, and reports this instead of infinity.
+const maxWait = int64(366 * 24 * time.Hour)
+
+func (p params) scaled(share float64) params {
+	p.amount *= share
+	p.burst *= share
+	return p
+}
+
+// refill is what accrues in dt ns. It multiplies before it divides, so
+// that whole amounts and periods give exact results.
+func (p params) refill(dt int64) float64 { return float64(dt) * p.amount / float64(p.period) }
+
+// wait converts an amount still missing into the time it takes to refill.
+func (p params) wait(missing float64) int64 {
+	if missing <= 0 {
+		return 0
+	}
+	if p.amount <= 0 {
+		return maxWait
+	}
+	w := math.Ceil(missing * float64(p.period) / p.amount)
+	if w >= float64(maxWait) {
+		return maxWait
+	}
+	return int64(w)
+}
+
+// outcome is what one key's algorithm says about one charge.
+type outcome struct {
+	allowed    bool
+	remaining  float64 // after the charge when allowed
+	resetAfter int64   // ns until the state is full again
+	retryAfter int64   // ns until the same cost would pass; 0 when allowed
+}
+
+// fresh initialises a new key's state at now: a full bucket.
+func fresh(s *slot, now int64, p params) {
+	switch p.alg {
+	case allot.TokenBucket:
+		s.t, s.a = now, p.burst
+	case allot.GCRA:
+		s.t, s.b = now, float64(now)
+	case allot.SlidingWindow:
+		s.t, s.a, s.b = now-now%p.period, 0, 0
+	}
+	s.idleAt = now
+}
+
+// lastUpdate is when the state was last brought up to date.
+func lastUpdate(s *slot, alg allot.Algorithm) int64 {
+	if alg == allot.GCRA {
+		return int64(s.b)
+	}
+	return s.t
+}
+
+// tokensAt is how much a token bucket or GCRA state holds at t ≥ lastUpdate.
+func tokensAt(s *slot, t int64, p params) float64 {
+	switch p.alg {
+	case allot.TokenBucket:
+		if s.a >= p.burst {
+			return p.burst
+		}
+		return math.Min(p.burst, s.a+p.refill(t-s.t))
+	case allot.GCRA:
+		debt := s.t - t
+		if debt <= 0 {
+			return p.burst
+		}
+		return p.burst - p.refill(debt)
+	}
+	return 0
+}
+
+// setTokens makes s hold tok at t under p.
+func setTokens(s *slot, t int64, tok float64, p params) {
+	switch p.alg {
+	case allot.TokenBucket:
+		s.t, s.a = t, tok
+	case allot.GCRA:
+		s.t, s.b = t+p.wait(p.burst-tok), float64(t)
+	}
+}
+
+// take charges cost at now. With force it charges even when the budget is
+// short (a settle of real usage: a token bucket goes below zero, a GCRA
+// arrival time moves further ahead). It updates s only when it charges;
+// otherwise s is brought up to date without a charge.
+func take(s *slot, now int64, p params, cost float64, force bool) outcome {
+	switch p.alg {
+	case allot.TokenBucket, allot.GCRA:
+		return takeTokens(s, now, p, cost, force)
+	default:
+		return takeWindow(s, now, p, cost, force)
+	}
+}
+
+func takeTokens(s *slot, now int64, p params, cost float64, force bool) outcome {
+	if last := lastUpdate(s, p.alg); now < last {
+		now = last // time never runs backwards for one key
+	}
+	tok := tokensAt(s, now, p)
+	o := outcome{allowed: cost <= tok}
+	if o.allowed || force {
+		tok -= cost
+	} else {
+		o.retryAfter = p.wait(cost - tok)
+		if cost > p.burst {
+			o.retryAfter = maxWait // can never pass at this size
+		}
+	}
+	setTokens(s, now, tok, p)
+	o.remaining = math.Max(0, tok)
+	o.resetAfter = p.wait(p.burst - tok)
+	s.idleAt = now + o.resetAfter
+	return o
+}
+
+// roll moves a sliding window state to the window that holds now.
+func roll(s *slot, now int64, p params) {
+	ws := now - now%p.period
+	switch {
+	case ws == s.t:
+	case ws == s.t+p.period:
+		s.t, s.b, s.a = ws, s.a, 0
+	case ws > s.t:
+		s.t, s.b, s.a = ws, 0, 0
+	}
+}
+
+// takeWindow estimates the last period's count as prev·(1−x) + cur, where x
+// is the elapsed fraction of the current window. Comparisons are multiplied
+// out by the period, so whole counts give exact answers.
+func takeWindow(s *slot, now int64, p params, cost float64, force bool) outcome {
+	roll(s, now, p)
+	if now < s.t {
+		now = s.t
+	}
+	period := float64(p.period)
+	left := float64(s.t + p.period - now) // ns until the window ends
+	// est·P = prev·left + cur·P
+	estP := s.b*left + s.a*period
+	o := outcome{allowed: estP+cost*period <= p.amount*period}
+	if o.allowed || force {
+		s.a += cost
+		estP += cost * period
+	} else {
+		o.retryAfter = windowRetry(s, p, cost, left)
+	}
+	o.remaining = math.Max(0, math.Floor(p.amount-estP/period))
+	switch {
+	case s.a > 0:
+		o.resetAfter = s.t + 2*p.period - now
+	case s.b > 0:
+		o.resetAfter = s.t + p.period - now
+	}
+	s.idleAt = now + o.resetAfter
+	return o
+}
+
+// windowRetry is when est + cost first fits under amount if nothing else is
+// charged: later in this window, as the previous window's weight decays, or
+// in the next, where this window's count decays in turn.
+func windowRetry(s *slot, p params, cost, left float64) int64 {
+	period := float64(p.period)
+	if room := p.amount - s.a - cost; room >= 0 && s.b > 0 {
+		// prev·l/P ≤ room  ⇔  l ≤ room·P/prev: wait until that much is left
+		return int64(math.Ceil(left - room*period/s.b))
+	}
+	if cost > p.amount {
+		return maxWait
+	}
+	if s.a <= 0 {
+		return int64(math.Ceil(left))
+	}
+	// next window: cur·l'/P + cost ≤ amount  ⇔  l' ≤ (amount−cost)·P/cur
+	wait := period - (p.amount-cost)*period/s.a
+	return int64(math.Ceil(left + math.Max(0, wait)))
+}
+
+// refund gives n back to the key, never above a full state.
+func refund(s *slot, now int64, p params, n float64) {
+	switch p.alg {
+	case allot.TokenBucket, allot.GCRA:
+		if last := lastUpdate(s, p.alg); now < last {
+			now = last
+		}
+		tok := math.Min(p.burst, tokensAt(s, now, p)+n)
+		setTokens(s, now, tok, p)
+		s.idleAt = now + p.wait(p.burst-tok)
+	case allot.SlidingWindow:
+		roll(s, now, p)
+		s.a = math.Max(0, s.a-n)
+	}
+}

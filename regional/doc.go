@@ -1,0 +1,55 @@
+// Package regional is allot's enforcement engine: it decides, from memory
+// and without I/O, whether a request passes the limits of its domain in
+// this region.
+//
+// An Engine matches a request's descriptors against the domain's limits
+// (every matching limit applies: per-user AND per-tenant), finds each key's
+// state in a bounded, sharded key table, scales the key's effective limit
+// (plan multiplier, then overrides) by the region's share, and admits the
+// request only if every non-shadow limit admits it. A rejected request is
+// charged nothing.
+//
+// Algorithms, per limit:
+//   - token_bucket: cost-weighted with lazy refill. Charge (settling real
+//     usage) may take the balance below zero; later requests then wait.
+//   - gcra: the same admission as a token bucket, kept as one theoretical
+//     arrival time (the form the Redis scripts use).
+//   - sliding_window: fixed windows aligned on the epoch (window id =
+//     floor(unix_ns / period)), estimated as prev·(1−x) + cur.
+//
+// Over any interval T a key admits at most burst + rate·T (a property test
+// checks it for every algorithm).
+//
+// Shares: SetShare and SetKeyShare change the region's share of a limit or
+// of one hot key. The rate and burst scale by the share; a lowered share
+// clamps a key's tokens to the new burst at the instant of the change, and
+// the key then refills at the new rate. Keys are brought up to date lazily
+// the next time they are touched, so a share change costs O(1) however many
+// keys the limit has.
+//
+// Keys: each key is identified by a 64-bit seeded hash of its domain, limit
+// name and matched values (KeyString names it for people). The table keeps
+// 40 bytes per key at a load factor of at most 3/4. A key whose state is
+// back to full is equivalent to an absent one; Sweep drops such keys (no
+// decision changes). Past Options.MaxKeys the key closest to full is
+// evicted, which forgets its charge; Stats counts such evictions.
+//
+// The engine never reads the clock: every method takes now. An Engine is
+// safe for concurrent use; checks on keys in different shards run in
+// parallel, and a check that touches several keys locks their shards in a
+// fixed order, so a multi-limit decision is atomic.
+//
+// A driver (the gRPC/HTTP edge, or the simulator) calls it like this:
+//
+//	e := regional.New(cfg, regional.Options{})
+//	var dec allot.Decision
+//	if err := e.Check(now, "api", desc, 1, &dec); err != nil {
+//		return err // bad input: nothing was charged
+//	}
+//	if !dec.Allowed {
+//		reject(dec.RetryAfter)
+//	}
+//	// from time to time:
+//	e.Sweep(now)
+//	e.SetShare(now, "api", "per-user", 0.4) // from the coordinator
+package regional

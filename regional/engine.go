@@ -1,0 +1,613 @@
+package regional
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot"
+)
+
+// Errors returned by Engine methods for bad input; nothing is charged when
+// one is returned.
+var (
+	// ErrUnknownDomain is returned for a domain the configuration lacks.
+	ErrUnknownDomain = errors.New("regional: unknown domain")
+	// ErrUnknownLimit is returned by SetShare and SetKeyShare for a limit
+	// the domain lacks.
+	ErrUnknownLimit = errors.New("regional: unknown limit")
+	// ErrBadCost is returned for a negative cost or one above allot.MaxAmount.
+	ErrBadCost = errors.New("regional: bad cost")
+	// ErrBadDescriptor is returned for a descriptor with an empty key, or
+	// more than MaxEntries entries.
+	ErrBadDescriptor = errors.New("regional: bad descriptor")
+	// ErrBadShare is returned for a share outside [0, 1].
+	ErrBadShare = errors.New("regional: bad share")
+)
+
+// MaxEntries bounds the entries of one descriptor.
+const MaxEntries = 64
+
+// DefaultMaxKeys is the key table's bound when Options.MaxKeys is 0:
+// about 4M keys, a few hundred MB.
+const DefaultMaxKeys = 1 << 22
+
+// maxInline is how many matching limits one check handles without
+// allocating.
+const maxInline = 8
+
+// Options configure an Engine.
+type Options struct {
+	// MaxKeys bounds the key table. Past it, keys whose state is back to
+	// full are dropped first (which changes no decision), then the key
+	// closest to full. 0 means DefaultMaxKeys.
+	MaxKeys int
+}
+
+// Engine decides requests from memory: it matches a request's descriptors
+// against the domain's limits, keeps each key's state in a bounded table,
+// scales every limit by the region's share, and charges a request only if
+// every matching limit admits it. Time is always an argument.
+//
+// An Engine is safe for concurrent use. The zero value is not usable; call
+// New.
+type Engine struct {
+	mu     sync.Mutex               // serialises SetConfig and share changes
+	shares map[string]*limitShares  // by domain + "\x00" + limit; kept across reloads
+	cfg    atomic.Pointer[compiled] // read lock-free on every check
+
+	table *table
+	seed  maphash.Seed
+}
+
+type compiled struct {
+	src     *allot.Config
+	domains map[string]*domainState
+	list    []*domainState // the same, scanned instead of the map when short
+}
+
+func (c *compiled) domain(name string) *domainState {
+	if len(c.list) <= 4 {
+		for _, ds := range c.list {
+			if ds.d.Name == name {
+				return ds
+			}
+		}
+		return nil
+	}
+	return c.domains[name]
+}
+
+type domainState struct {
+	d      *allot.Domain
+	limits []*limitState
+	byName map[string]*limitState
+}
+
+type limitState struct {
+	l      *allot.Limit
+	base   params // the configured limit, share 1
+	salt   uint64 // the key hash of the limit itself; values are mixed in
+	shares *limitShares
+}
+
+// limitShares holds the region's share of one limit: the default for its
+// keys and the hot keys' own. Both are replaced, never mutated.
+type limitShares struct {
+	def  atomic.Pointer[shareHist]
+	keys atomic.Pointer[map[uint64]*shareHist]
+}
+
+// shareHist is a share and its recent changes, so that a key touched after
+// a change is brought up to date as if the change had applied to it at the
+// instant it was made: refill at the old share until then, clamp to the new
+// burst, refill at the new share since. A key idle across more changes than
+// the history holds treats the older ones as one (prev).
+type shareHist struct {
+	prev    float64 // share before changes[0]
+	n       int
+	changes [4]shareChange
+}
+
+type shareChange struct {
+	at    int64
+	share float64
+}
+
+var fullShare = &shareHist{prev: 1}
+
+func (h *shareHist) current() float64 {
+	if h.n == 0 {
+		return h.prev
+	}
+	return h.changes[h.n-1].share
+}
+
+// with returns a copy of h with share in force from at.
+func (h *shareHist) with(at int64, share float64) *shareHist {
+	c := *h
+	if c.n > 0 && at <= c.changes[c.n-1].at { // same instant or clock step back: replace
+		at = c.changes[c.n-1].at
+		c.n--
+	}
+	if c.n == len(c.changes) {
+		c.prev = c.changes[0].share
+		copy(c.changes[:], c.changes[1:])
+		c.n--
+	}
+	c.changes[c.n] = shareChange{at, share}
+	c.n++
+	return &c
+}
+
+// catchUp applies the share changes made since s was last updated.
+func (h *shareHist) catchUp(s *slot, base params) {
+	if h.n == 0 || base.alg == allot.SlidingWindow {
+		return // counts are absolute: a window needs no conversion
+	}
+	last := lastUpdate(s, base.alg)
+	if h.changes[h.n-1].at <= last {
+		return
+	}
+	share := h.prev
+	for _, c := range h.changes[:h.n] {
+		if c.at <= last {
+			share = c.share
+			continue
+		}
+		from, to := base.scaled(share), base.scaled(c.share)
+		tok := math.Min(tokensAt(s, c.at, from), to.burst)
+		setTokens(s, c.at, tok, to)
+		share = c.share
+	}
+}
+
+// New returns an engine enforcing cfg.
+func New(cfg *allot.Config, opts Options) *Engine {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	e := &Engine{
+		shares: make(map[string]*limitShares),
+		table:  newTable(opts.MaxKeys),
+		seed:   maphash.MakeSeed(),
+	}
+	e.SetConfig(cfg)
+	return e
+}
+
+// SetConfig replaces the configuration. Keys of limits that keep their
+// domain and name keep their state; so do shares.
+func (e *Engine) SetConfig(cfg *allot.Config) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := &compiled{src: cfg, domains: make(map[string]*domainState)}
+	for _, d := range cfg.Domains {
+		ds := &domainState{d: d, byName: make(map[string]*limitState)}
+		for _, l := range d.Limits {
+			id := d.Name + "\x00" + l.Name
+			sh := e.shares[id]
+			if sh == nil {
+				sh = &limitShares{}
+				sh.def.Store(fullShare)
+				e.shares[id] = sh
+			}
+			ls := &limitState{
+				l:      l,
+				base:   baseParams(l, allot.Effective{Rate: l.Rate, Burst: l.Burst}),
+				salt:   maphash.String(e.seed, id),
+				shares: sh,
+			}
+			ds.limits = append(ds.limits, ls)
+			ds.byName[l.Name] = ls
+		}
+		c.domains[d.Name] = ds
+		c.list = append(c.list, ds)
+	}
+	e.cfg.Store(c)
+}
+
+// Config returns the configuration in force.
+func (e *Engine) Config() *allot.Config { return e.cfg.Load().src }
+
+func baseParams(l *allot.Limit, eff allot.Effective) params {
+	p := params{alg: l.Algorithm, amount: float64(eff.Rate.Amount), burst: float64(eff.Burst), period: int64(eff.Rate.Period)}
+	if p.alg == allot.SlidingWindow {
+		p.burst = p.amount
+	}
+	return p
+}
+
+// SetShare sets the region's default share of a limit from now on. A
+// lower share clamps every key's tokens to the new burst before it refills
+// at the new rate.
+func (e *Engine) SetShare(now time.Time, domain, limit string, share float64) error {
+	ls, err := e.limitFor(domain, limit, share)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ls.shares.def.Store(ls.shares.def.Load().with(now.UnixNano(), share))
+	return nil
+}
+
+// SetKeyShare sets the region's share of one hot key (named as KeyString
+// names it) from now on. A negative share removes the key's own share, so
+// it follows the limit's default again.
+func (e *Engine) SetKeyShare(now time.Time, domain, limit, key string, share float64) error {
+	if share < 0 {
+		share = -1
+	}
+	ls, err := e.limitFor(domain, limit, max(share, 0))
+	if err != nil {
+		return err
+	}
+	h, err := e.keyOf(ls, key)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := ls.shares.keys.Load()
+	m := make(map[uint64]*shareHist, 1)
+	if old != nil {
+		for k, v := range *old {
+			m[k] = v
+		}
+	}
+	if share < 0 {
+		delete(m, h)
+	} else {
+		prev := m[h]
+		if prev == nil {
+			prev = ls.shares.def.Load()
+		}
+		m[h] = prev.with(now.UnixNano(), share)
+	}
+	ls.shares.keys.Store(&m)
+	return nil
+}
+
+func (e *Engine) limitFor(domain, limit string, share float64) (*limitState, error) {
+	if !(share >= 0 && share <= 1) {
+		return nil, fmt.Errorf("%w: %v is outside [0, 1]", ErrBadShare, share)
+	}
+	ds := e.cfg.Load().domain(domain)
+	if ds == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownDomain, domain)
+	}
+	ls := ds.byName[limit]
+	if ls == nil {
+		return nil, fmt.Errorf("%w %q in domain %q", ErrUnknownLimit, limit, domain)
+	}
+	return ls, nil
+}
+
+// Share returns the region's share of a key of a limit: the key's own, or
+// the limit's default. It returns 0 for an unknown domain or limit.
+func (e *Engine) Share(domain, limit, key string) float64 {
+	ls, err := e.limitFor(domain, limit, 0)
+	if err != nil {
+		return 0
+	}
+	h, err := e.keyOf(ls, key)
+	if err != nil {
+		return ls.shares.def.Load().current()
+	}
+	return ls.shares.hist(h).current()
+}
+
+// keyOf hashes a key named by KeyString, which must name a key of ls.
+func (e *Engine) keyOf(ls *limitState, key string) (uint64, error) {
+	name, d, err := ParseKeyString(key)
+	if err != nil {
+		return 0, err
+	}
+	h, ok := e.matchKey(ls, d)
+	if name != ls.l.Name || len(d) != len(ls.l.Match) || !ok {
+		return 0, fmt.Errorf("%w: key %q is not a key of limit %q", ErrBadDescriptor, key, ls.l.Name)
+	}
+	return h, nil
+}
+
+func (sh *limitShares) hist(key uint64) *shareHist {
+	if m := sh.keys.Load(); m != nil {
+		if h, ok := (*m)[key]; ok {
+			return h
+		}
+	}
+	return sh.def.Load()
+}
+
+// KeyString names one key of a limit: "per-user:user=42" for limit
+// per-user matching {user: "*"}. The values come from d, in the limit's
+// match order; '%', ',' and '=' in values are escaped as %25, %2C and %3D,
+// so that ParseKeyString can take the name apart again.
+func KeyString(l *allot.Limit, d allot.Descriptor) string {
+	b := make([]byte, 0, 64)
+	b = append(b, l.Name...)
+	b = append(b, ':')
+	for i, m := range l.Match {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		v, _ := d.Get(m.Key)
+		b = append(b, m.Key...)
+		b = append(b, '=')
+		for j := range len(v) {
+			switch c := v[j]; c {
+			case '%', ',', '=':
+				b = append(b, '%', "0123456789ABCDEF"[c>>4], "0123456789ABCDEF"[c&15])
+			default:
+				b = append(b, c)
+			}
+		}
+	}
+	return string(b)
+}
+
+// ParseKeyString takes apart a name made by KeyString: the limit's name
+// and the key's descriptor.
+func ParseKeyString(key string) (limit string, d allot.Descriptor, err error) {
+	limit, rest, ok := strings.Cut(key, ":")
+	if !ok || limit == "" {
+		return "", nil, fmt.Errorf("%w: key %q: want LIMIT:k=v,...", ErrBadDescriptor, key)
+	}
+	if rest == "" {
+		return limit, nil, nil
+	}
+	for part := range strings.SplitSeq(rest, ",") {
+		k, v, ok := strings.Cut(part, "=")
+		if !ok || k == "" {
+			return "", nil, fmt.Errorf("%w: key %q: want k=v, got %q", ErrBadDescriptor, key, part)
+		}
+		uv, err := url.PathUnescape(v)
+		if err != nil {
+			return "", nil, fmt.Errorf("%w: key %q: %v", ErrBadDescriptor, key, err)
+		}
+		d = append(d, allot.Entry{Key: k, Value: uv})
+	}
+	return limit, d, nil
+}
+
+// matchKey reports whether ls matches d and, if so, returns its key's
+// hash: the limit's salt with the hash of each matched value mixed in, in
+// match order. It equals keyOf(ls, KeyString(ls.l, d)).
+func (e *Engine) matchKey(ls *limitState, d allot.Descriptor) (uint64, bool) {
+	h := ls.salt
+	for _, m := range ls.l.Match {
+		v, ok := d.Get(m.Key)
+		if !ok || !allot.MatchValue(m.Value, v) {
+			return 0, false
+		}
+		h = mix(h ^ maphash.String(e.seed, v))
+	}
+	return normKey(h), true
+}
+
+// mix is a 64-bit finaliser (murmur3's fmix64): every input bit affects
+// every output bit, so the shard (top bits) and slot (low bits) of a key
+// are both well spread.
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+// item is one matching limit of one check.
+type item struct {
+	ls  *limitState
+	key uint64
+	p   params // the key's effective limit, before the share
+}
+
+// op is what a request does to its keys.
+type op uint8
+
+const (
+	opCheck  op = iota // charge only if every limit admits
+	opForce            // charge every limit, even below zero
+	opRefund           // give back, up to full
+)
+
+// Check decides whether a request of cost hits passes every limit of
+// domain that matches desc, and charges it only if so. The answer goes in
+// dec (its Statuses are reused). A request that matches no limit is
+// allowed. Shadow limits are charged when they would admit and never
+// reject. hits 0 charges nothing and reports the state.
+func (e *Engine) Check(now time.Time, domain string, desc allot.Descriptor, hits int64, dec *allot.Decision) error {
+	return e.do(now, domain, desc, hits, opCheck, dec)
+}
+
+// Charge charges cost to every limit of domain that matches desc, even if
+// that takes a balance below zero: the later requests wait until it has
+// refilled. It settles real usage above what a check admitted.
+func (e *Engine) Charge(now time.Time, domain string, desc allot.Descriptor, cost int64) error {
+	var dec allot.Decision
+	return e.do(now, domain, desc, cost, opForce, &dec)
+}
+
+// Refund gives cost back to every limit of domain that matches desc, never
+// above a full bucket.
+func (e *Engine) Refund(now time.Time, domain string, desc allot.Descriptor, cost int64) error {
+	var dec allot.Decision
+	return e.do(now, domain, desc, cost, opRefund, &dec)
+}
+
+func (e *Engine) do(now time.Time, domain string, desc allot.Descriptor, cost int64, o op, dec *allot.Decision) error {
+	if cost < 0 || cost > allot.MaxAmount {
+		return fmt.Errorf("%w: %d is outside [0, %d]", ErrBadCost, cost, int64(allot.MaxAmount))
+	}
+	if len(desc) > MaxEntries {
+		return fmt.Errorf("%w: %d entries, at most %d", ErrBadDescriptor, len(desc), MaxEntries)
+	}
+	for _, en := range desc {
+		if en.Key == "" {
+			return fmt.Errorf("%w: empty key", ErrBadDescriptor)
+		}
+	}
+	ds := e.cfg.Load().domain(domain)
+	if ds == nil {
+		return fmt.Errorf("%w %q", ErrUnknownDomain, domain)
+	}
+	var inline [maxInline]item
+	items := inline[:0]
+	for _, ls := range ds.limits {
+		if key, ok := e.matchKey(ls, desc); ok {
+			items = append(items, item{ls: ls, key: key})
+		}
+	}
+	dec.Allowed, dec.RetryAfter, dec.Statuses = true, 0, dec.Statuses[:0]
+	if len(items) == 0 {
+		return nil
+	}
+	for i := range items {
+		it := &items[i]
+		eff := ds.d.Effective(it.ls.l, desc, now)
+		it.p = it.ls.base
+		if eff.Rate != it.ls.l.Rate || eff.Burst != it.ls.l.Burst {
+			it.p = baseParams(it.ls.l, eff)
+		}
+		dec.Statuses = append(dec.Statuses, allot.LimitStatus{Name: it.ls.l.Name, Shadow: it.ls.l.Shadow, Limit: eff.Rate.Amount})
+	}
+	sts := dec.Statuses[len(dec.Statuses)-len(items):]
+	if len(items) == 1 {
+		sh := &e.table.shards[shardOf(items[0].key)]
+		sh.mu.Lock()
+		e.apply(now.UnixNano(), items, sts, float64(cost), o)
+		sh.mu.Unlock()
+	} else {
+		var ks [maxInline]uint64
+		keys := ks[:0]
+		for _, it := range items {
+			keys = append(keys, it.key)
+		}
+		var locks lockSet
+		locks.lock(e.table, keys)
+		e.apply(now.UnixNano(), items, sts, float64(cost), o)
+		locks.unlock(e.table)
+	}
+	for i := range sts {
+		if st := &sts[i]; !st.Allowed && !st.Shadow {
+			dec.Allowed = false
+			dec.RetryAfter = max(dec.RetryAfter, st.RetryAfter)
+		}
+	}
+	return nil
+}
+
+// apply runs one operation on the items' keys; the caller holds their
+// shards' locks. It fills in each status but Name, Shadow and Limit.
+func (e *Engine) apply(now int64, items []item, sts []allot.LimitStatus, cost float64, o op) {
+	// Make room first: an eviction may move or drop slots, so no slot is
+	// held across it, nor across an insert, which may grow a shard.
+	for _, it := range items {
+		if sh := &e.table.shards[shardOf(it.key)]; sh.n >= sh.max && sh.find(it.key) < 0 {
+			sh.makeRoom(now)
+		}
+	}
+	for i := range items {
+		it := &items[i]
+		sh := &e.table.shards[shardOf(it.key)]
+		hist := it.ls.shares.hist(it.key)
+		base := it.p
+		it.p = base.scaled(hist.current())
+		if idx := sh.find(it.key); idx >= 0 {
+			hist.catchUp(&sh.slots[idx], base)
+		} else {
+			fresh(&sh.slots[sh.insert(it.key)], now, it.p)
+		}
+	}
+	slotOf := func(it *item) *slot {
+		sh := &e.table.shards[shardOf(it.key)]
+		return &sh.slots[sh.find(it.key)]
+	}
+
+	switch o {
+	case opForce:
+		for i := range items {
+			report(&sts[i], take(slotOf(&items[i]), now, items[i].p, cost, true))
+		}
+		return
+	case opRefund:
+		for i := range items {
+			s := slotOf(&items[i])
+			refund(s, now, items[i].p, cost)
+			report(&sts[i], take(s, now, items[i].p, 0, false))
+		}
+		return
+	}
+	if len(items) == 1 { // nothing else can reject: charge in place
+		report(&sts[0], take(slotOf(&items[0]), now, items[0].p, cost, false))
+		return
+	}
+	admit := true
+	for i := range items {
+		trial := *slotOf(&items[i])
+		out := take(&trial, now, items[i].p, cost, false)
+		report(&sts[i], out)
+		if !out.allowed && !items[i].ls.l.Shadow {
+			admit = false
+		}
+	}
+	for i := range items {
+		switch st := &sts[i]; {
+		case admit && st.Allowed:
+			take(slotOf(&items[i]), now, items[i].p, cost, false)
+		case st.Allowed: // another limit rejected: report the uncharged state
+			report(st, take(slotOf(&items[i]), now, items[i].p, 0, false))
+		}
+	}
+}
+
+func report(st *allot.LimitStatus, o outcome) {
+	st.Allowed = o.allowed
+	st.Remaining = int64(math.Floor(o.remaining))
+	st.ResetAfter = time.Duration(o.resetAfter)
+	st.RetryAfter = time.Duration(o.retryAfter)
+}
+
+// Sweep drops every key whose state is back to full at now. It changes no
+// decision and returns how many keys it dropped. Call it from time to time
+// (every few seconds); inserts also sweep a full shard.
+func (e *Engine) Sweep(now time.Time) int {
+	n := 0
+	for i := range e.table.shards {
+		sh := &e.table.shards[i]
+		sh.mu.Lock()
+		n += sh.sweep(now.UnixNano())
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Stats are the engine's counters.
+type Stats struct {
+	Keys          int    // keys in the table
+	EvictedIdle   uint64 // keys dropped because their state was full again
+	EvictedActive uint64 // keys dropped to respect MaxKeys while not full
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	var s Stats
+	for i := range e.table.shards {
+		sh := &e.table.shards[i]
+		sh.mu.Lock()
+		s.Keys += sh.n
+		s.EvictedIdle += sh.stats.evictedIdle
+		s.EvictedActive += sh.stats.evictedActive
+		sh.mu.Unlock()
+	}
+	return s
+}

@@ -1,0 +1,201 @@
+package regional
+
+import "sync"
+
+// slot is one key's state: 40 bytes. The meaning of t, a and b depends on
+// the limit's algorithm (see algo.go). key 0 marks an empty slot; hashes of
+// 0 are stored as 1.
+type slot struct {
+	key    uint64
+	idleAt int64 // unix ns from which the state equals a fresh key's
+	t      int64
+	a      float64
+	b      float64
+}
+
+// shard is one lock's part of the key table: an open-addressing hash table
+// with linear probing and backward-shift deletion.
+type shard struct {
+	mu    sync.Mutex
+	slots []slot // len is a power of two, or 0 before the first insert
+	n     int    // occupied slots
+	max   int    // occupied slots allowed before eviction
+	stats tableStats
+	_     [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+type tableStats struct {
+	evictedIdle   uint64
+	evictedActive uint64
+}
+
+const (
+	shardBits   = 6
+	numShards   = 1 << shardBits
+	minShardCap = 16
+)
+
+// table maps key hashes to slots. It is safe for concurrent use: each shard
+// has its own lock, and a caller that needs several keys at once locks their
+// shards in ascending order (lockOrder).
+type table struct {
+	shards [numShards]shard
+}
+
+func newTable(maxKeys int) *table {
+	t := &table{}
+	per := max(maxKeys/numShards, 1)
+	for i := range t.shards {
+		t.shards[i].max = per
+	}
+	return t
+}
+
+func shardOf(key uint64) int { return int(key >> (64 - shardBits)) }
+
+func normKey(key uint64) uint64 {
+	if key == 0 {
+		return 1
+	}
+	return key
+}
+
+// find returns the index of key's slot in s, or -1. The caller holds s.mu.
+func (s *shard) find(key uint64) int {
+	if len(s.slots) == 0 {
+		return -1
+	}
+	mask := len(s.slots) - 1
+	for i := int(key) & mask; ; i = (i + 1) & mask {
+		switch s.slots[i].key {
+		case key:
+			return i
+		case 0:
+			return -1
+		}
+	}
+}
+
+// insert adds key with a zero state and returns its index, growing the
+// shard when needed. The caller holds s.mu, has checked that key is absent
+// and has made room with makeRoom.
+func (s *shard) insert(key uint64) int {
+	if (s.n+1)*4 > len(s.slots)*3 { // load factor ≤ 3/4
+		s.resize(max(len(s.slots)*2, minShardCap))
+	}
+	mask := len(s.slots) - 1
+	i := int(key) & mask
+	for s.slots[i].key != 0 {
+		i = (i + 1) & mask
+	}
+	s.slots[i] = slot{key: key}
+	s.n++
+	return i
+}
+
+func (s *shard) resize(n int) {
+	old := s.slots
+	s.slots = make([]slot, n)
+	mask := n - 1
+	for _, sl := range old {
+		if sl.key == 0 {
+			continue
+		}
+		i := int(sl.key) & mask
+		for s.slots[i].key != 0 {
+			i = (i + 1) & mask
+		}
+		s.slots[i] = sl
+	}
+}
+
+// remove deletes the slot at i with backward-shift deletion, so lookups
+// never need tombstones.
+func (s *shard) remove(i int) {
+	mask := len(s.slots) - 1
+	j := i
+	for {
+		j = (j + 1) & mask
+		if s.slots[j].key == 0 {
+			break
+		}
+		home := int(s.slots[j].key) & mask
+		// Move j back to i if its home is not in the cyclic range (i, j].
+		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+			s.slots[i] = s.slots[j]
+			i = j
+		}
+	}
+	s.slots[i] = slot{}
+	s.n--
+}
+
+// sweep removes every slot whose state equals a fresh key's at now. Such an
+// eviction changes no decision. It returns how many slots it removed.
+func (s *shard) sweep(now int64) int {
+	removed := 0
+	for i := 0; i < len(s.slots); {
+		if sl := &s.slots[i]; sl.key != 0 && sl.idleAt <= now {
+			s.remove(i) // the slot at i now holds a shifted entry: look again
+			removed++
+			continue
+		}
+		i++
+	}
+	s.stats.evictedIdle += uint64(removed)
+	return removed
+}
+
+// makeRoom evicts a key when the shard is full: idle keys first; if none,
+// the key closest to being idle, whose loss forgets the least charge.
+func (s *shard) makeRoom(now int64) {
+	if s.n < s.max || s.sweep(now) > 0 {
+		return
+	}
+	best, bestAt := -1, int64(0)
+	for i := range s.slots {
+		if sl := &s.slots[i]; sl.key != 0 && (best < 0 || sl.idleAt < bestAt) {
+			best, bestAt = i, sl.idleAt
+		}
+	}
+	if best >= 0 {
+		s.remove(best)
+		s.stats.evictedActive++
+	}
+}
+
+// lockSet locks the shards of up to len(keys) keys in ascending shard
+// order, each once, and unlocks them together.
+type lockSet struct {
+	n   int
+	ids [maxInline]uint8
+}
+
+func (l *lockSet) lock(t *table, keys []uint64) {
+	l.n = 0
+	var seen [numShards / 64]uint64
+	for _, k := range keys {
+		id := shardOf(k)
+		if seen[id/64]&(1<<(id%64)) != 0 {
+			continue
+		}
+		seen[id/64] |= 1 << (id % 64)
+		// insertion sort: n is small
+		j := l.n
+		for j > 0 && l.ids[j-1] > uint8(id) {
+			l.ids[j] = l.ids[j-1]
+			j--
+		}
+		l.ids[j] = uint8(id)
+		l.n++
+	}
+	for _, id := range l.ids[:l.n] {
+		t.shards[id].mu.Lock()
+	}
+}
+
+func (l *lockSet) unlock(t *table) {
+	for _, id := range l.ids[:l.n] {
+		t.shards[id].mu.Unlock()
+	}
+}
