@@ -106,6 +106,11 @@ type Domain struct {
 	// each parent before its children.
 	Limits    []*Limit
 	Overrides []Override
+	// EnvoyPaths makes matching follow Envoy's rate limit service, for
+	// domains read from its configuration files: a limit applies to a
+	// descriptor whose entries are exactly its match, in order, and each
+	// descriptor gets only its most specific limit.
+	EnvoyPaths bool
 
 	idx *index // set by Validate; used by Effective
 }
@@ -676,6 +681,9 @@ func (l *Limit) check(path string, regions []string, report func(field, msg stri
 		report(path+".stale_after", fmt.Sprintf("want at least sync_interval (%v), got %v", l.SyncInterval, l.StaleAfter))
 	}
 
+	if l.Unlimited {
+		return // no budget to check
+	}
 	if l.Rate == (Rate{}) {
 		report(path+".rate", "missing, want AMOUNT/PERIOD such as 1000/1m")
 	} else if err := l.Rate.Validate(); err != nil {

@@ -177,6 +177,12 @@ type Limit struct {
 	Shadow bool
 	// Concurrency caps in-flight reservations per key; 0 means no cap.
 	Concurrency int64
+	// Unlimited limits match and answer but never count or reject (Envoy's
+	// unlimited: a way to exempt keys from a wider limit with Replaces).
+	Unlimited bool
+	// Replaces names limits that this one replaces when both match the
+	// same descriptor (Envoy's replaces).
+	Replaces []string
 	// SyncInterval is how often shared-mode deltas are sent (default 250ms).
 	SyncInterval time.Duration
 	// StaleAfter is when a silent peer makes shared mode fall back to split
@@ -222,11 +228,12 @@ type Effective struct {
 
 // LimitStatus is one matching limit's part of a decision.
 type LimitStatus struct {
-	Name      string
-	Allowed   bool  // this limit alone would admit the request
-	Shadow    bool  // a shadow limit never rejects; Allowed says what it would do
-	Limit     int64 // the key's effective limit (amount per period)
-	Remaining int64 // what this region would still admit now, after this decision
+	Descriptor int // index of the request's descriptor it answers for
+	Name       string
+	Allowed    bool  // this limit alone would admit the request
+	Shadow     bool  // a shadow limit never rejects; Allowed says what it would do
+	Limit      int64 // the key's effective limit (amount per period)
+	Remaining  int64 // what this region would still admit now, after this decision
 	// ResetAfter is when the key's state is back to full if nothing more is charged.
 	ResetAfter time.Duration
 	// RetryAfter is how long until the same request would pass; 0 when allowed.

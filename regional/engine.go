@@ -88,6 +88,7 @@ type domainState struct {
 	d      *allot.Domain
 	limits []*limitState
 	byName map[string]*limitState
+	adhoc  *limitState // keys of descriptors that bring their own limit and match none
 }
 
 type limitState struct {
@@ -207,6 +208,12 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 			ds.limits = append(ds.limits, ls)
 			ds.byName[l.Name] = ls
 		}
+		ds.adhoc = &limitState{
+			l:      &allot.Limit{Name: adhocName, Algorithm: allot.SlidingWindow},
+			salt:   maphash.String(e.seed, d.Name+"\x00"+adhocName),
+			shares: &limitShares{},
+		}
+		ds.adhoc.shares.def.Store(fullShare)
 		c.domains[d.Name] = ds
 		c.list = append(c.list, ds)
 	}
@@ -402,179 +409,6 @@ func mix(h uint64) uint64 {
 	h *= 0xc4ceb9fe1a85ec53
 	h ^= h >> 33
 	return h
-}
-
-// item is one matching limit of one check.
-type item struct {
-	ls  *limitState
-	key uint64
-	p   params // the key's effective limit, before the share
-}
-
-// op is what a request does to its keys.
-type op uint8
-
-const (
-	opCheck  op = iota // charge only if every limit admits
-	opForce            // charge every limit, even below zero
-	opRefund           // give back, up to full
-)
-
-// Check decides whether a request of cost hits passes every limit of
-// domain that matches desc, and charges it only if so. The answer goes in
-// dec (its Statuses are reused). A request that matches no limit is
-// allowed. Shadow limits are charged when they would admit and never
-// reject. hits 0 charges nothing and reports the state.
-func (e *Engine) Check(now time.Time, domain string, desc allot.Descriptor, hits int64, dec *allot.Decision) error {
-	return e.do(now, domain, desc, hits, opCheck, dec)
-}
-
-// Charge charges cost to every limit of domain that matches desc, even if
-// that takes a balance below zero: the later requests wait until it has
-// refilled. It settles real usage above what a check admitted.
-func (e *Engine) Charge(now time.Time, domain string, desc allot.Descriptor, cost int64) error {
-	var dec allot.Decision
-	return e.do(now, domain, desc, cost, opForce, &dec)
-}
-
-// Refund gives cost back to every limit of domain that matches desc, never
-// above a full bucket.
-func (e *Engine) Refund(now time.Time, domain string, desc allot.Descriptor, cost int64) error {
-	var dec allot.Decision
-	return e.do(now, domain, desc, cost, opRefund, &dec)
-}
-
-func (e *Engine) do(now time.Time, domain string, desc allot.Descriptor, cost int64, o op, dec *allot.Decision) error {
-	if cost < 0 || cost > allot.MaxAmount {
-		return fmt.Errorf("%w: %d is outside [0, %d]", ErrBadCost, cost, int64(allot.MaxAmount))
-	}
-	if len(desc) > MaxEntries {
-		return fmt.Errorf("%w: %d entries, at most %d", ErrBadDescriptor, len(desc), MaxEntries)
-	}
-	for _, en := range desc {
-		if en.Key == "" {
-			return fmt.Errorf("%w: empty key", ErrBadDescriptor)
-		}
-	}
-	ds := e.cfg.Load().domain(domain)
-	if ds == nil {
-		return fmt.Errorf("%w %q", ErrUnknownDomain, domain)
-	}
-	var inline [maxInline]item
-	items := inline[:0]
-	for _, ls := range ds.limits {
-		if key, ok := e.matchKey(ls, desc); ok {
-			items = append(items, item{ls: ls, key: key})
-		}
-	}
-	dec.Allowed, dec.RetryAfter, dec.Statuses = true, 0, dec.Statuses[:0]
-	if len(items) == 0 {
-		return nil
-	}
-	for i := range items {
-		it := &items[i]
-		eff := ds.d.Effective(it.ls.l, desc, now)
-		it.p = it.ls.base
-		if eff.Rate != it.ls.l.Rate || eff.Burst != it.ls.l.Burst {
-			it.p = baseParams(it.ls.l, eff)
-		}
-		dec.Statuses = append(dec.Statuses, allot.LimitStatus{Name: it.ls.l.Name, Shadow: it.ls.l.Shadow, Limit: eff.Rate.Amount})
-	}
-	sts := dec.Statuses[len(dec.Statuses)-len(items):]
-	if len(items) == 1 {
-		sh := &e.table.shards[shardOf(items[0].key)]
-		sh.mu.Lock()
-		e.apply(now.UnixNano(), items, sts, float64(cost), o)
-		sh.mu.Unlock()
-	} else {
-		var ks [maxInline]uint64
-		keys := ks[:0]
-		for _, it := range items {
-			keys = append(keys, it.key)
-		}
-		var locks lockSet
-		locks.lock(e.table, keys)
-		e.apply(now.UnixNano(), items, sts, float64(cost), o)
-		locks.unlock(e.table)
-	}
-	for i := range sts {
-		if st := &sts[i]; !st.Allowed && !st.Shadow {
-			dec.Allowed = false
-			dec.RetryAfter = max(dec.RetryAfter, st.RetryAfter)
-		}
-	}
-	return nil
-}
-
-// apply runs one operation on the items' keys; the caller holds their
-// shards' locks. It fills in each status but Name, Shadow and Limit.
-func (e *Engine) apply(now int64, items []item, sts []allot.LimitStatus, cost float64, o op) {
-	// Make room first: an eviction may move or drop slots, so no slot is
-	// held across it, nor across an insert, which may grow a shard.
-	for _, it := range items {
-		if sh := &e.table.shards[shardOf(it.key)]; sh.n >= sh.max && sh.find(it.key) < 0 {
-			sh.makeRoom(now)
-		}
-	}
-	for i := range items {
-		it := &items[i]
-		sh := &e.table.shards[shardOf(it.key)]
-		hist := it.ls.shares.hist(it.key)
-		base := it.p
-		it.p = base.scaled(hist.current())
-		if idx := sh.find(it.key); idx >= 0 {
-			hist.catchUp(&sh.slots[idx], base)
-		} else {
-			fresh(&sh.slots[sh.insert(it.key)], now, it.p)
-		}
-	}
-	slotOf := func(it *item) *slot {
-		sh := &e.table.shards[shardOf(it.key)]
-		return &sh.slots[sh.find(it.key)]
-	}
-
-	switch o {
-	case opForce:
-		for i := range items {
-			report(&sts[i], take(slotOf(&items[i]), now, items[i].p, cost, true))
-		}
-		return
-	case opRefund:
-		for i := range items {
-			s := slotOf(&items[i])
-			refund(s, now, items[i].p, cost)
-			report(&sts[i], take(s, now, items[i].p, 0, false))
-		}
-		return
-	}
-	if len(items) == 1 { // nothing else can reject: charge in place
-		report(&sts[0], take(slotOf(&items[0]), now, items[0].p, cost, false))
-		return
-	}
-	admit := true
-	for i := range items {
-		trial := *slotOf(&items[i])
-		out := take(&trial, now, items[i].p, cost, false)
-		report(&sts[i], out)
-		if !out.allowed && !items[i].ls.l.Shadow {
-			admit = false
-		}
-	}
-	for i := range items {
-		switch st := &sts[i]; {
-		case admit && st.Allowed:
-			take(slotOf(&items[i]), now, items[i].p, cost, false)
-		case st.Allowed: // another limit rejected: report the uncharged state
-			report(st, take(slotOf(&items[i]), now, items[i].p, 0, false))
-		}
-	}
-}
-
-func report(st *allot.LimitStatus, o outcome) {
-	st.Allowed = o.allowed
-	st.Remaining = int64(math.Floor(o.remaining))
-	st.ResetAfter = time.Duration(o.resetAfter)
-	st.RetryAfter = time.Duration(o.retryAfter)
 }
 
 // Sweep drops every key whose state is back to full at now. It changes no

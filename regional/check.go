@@ -1,0 +1,381 @@
+package regional
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot"
+)
+
+// Item is one descriptor of a request and what it costs. A request made of
+// several items (Envoy's descriptors) is decided as one: admitted only if
+// every limit of every item admits it.
+type Item struct {
+	Descriptor allot.Descriptor
+	Hits       int64 // 0 checks without charging
+	// Limit, when set, replaces the limit of the limits the descriptor
+	// matches (Envoy's per-descriptor limit). A descriptor that matches no
+	// limit is then counted on its own key under that limit, as a sliding
+	// window.
+	Limit *allot.Rate
+}
+
+// adhocName is the limit name reported for descriptors counted under the
+// limit they bring.
+const adhocName = "descriptor-limit"
+
+// work is one key touched by one request: an item's matching limit.
+type work struct {
+	ls   *limitState
+	key  uint64
+	p    params // the key's effective limit, before the share
+	cost float64
+	same int // index of an earlier work on the same key, or -1
+}
+
+// op is what a request does to its keys.
+type op uint8
+
+const (
+	opCheck  op = iota // charge only if every limit admits
+	opForce            // charge every limit, even below zero
+	opRefund           // give back, up to full
+)
+
+// Check decides whether a request of cost hits passes every limit of
+// domain that matches desc, and charges it only if so. The answer goes in
+// dec (its Statuses are reused). A request that matches no limit is
+// allowed. Shadow limits are charged when they would admit and never
+// reject. hits 0 charges nothing and reports the state.
+func (e *Engine) Check(now time.Time, domain string, desc allot.Descriptor, hits int64, dec *allot.Decision) error {
+	items := [1]Item{{Descriptor: desc, Hits: hits}}
+	return e.do(now, domain, items[:], opCheck, dec)
+}
+
+// CheckItems decides a request made of several descriptors as one: it is
+// admitted, and charged, only if every limit of every item admits it. Two
+// items on the same key add up. Statuses come in item order, each with its
+// item's index.
+func (e *Engine) CheckItems(now time.Time, domain string, items []Item, dec *allot.Decision) error {
+	return e.do(now, domain, items, opCheck, dec)
+}
+
+// Charge charges cost to every limit of domain that matches desc, even if
+// that takes a balance below zero: the later requests wait until it has
+// refilled. It settles real usage above what a check admitted.
+func (e *Engine) Charge(now time.Time, domain string, desc allot.Descriptor, cost int64) error {
+	var dec allot.Decision
+	items := [1]Item{{Descriptor: desc, Hits: cost}}
+	return e.do(now, domain, items[:], opForce, &dec)
+}
+
+// Refund gives cost back to every limit of domain that matches desc, never
+// above a full bucket.
+func (e *Engine) Refund(now time.Time, domain string, desc allot.Descriptor, cost int64) error {
+	var dec allot.Decision
+	items := [1]Item{{Descriptor: desc, Hits: cost}}
+	return e.do(now, domain, items[:], opRefund, &dec)
+}
+
+// RefundItems gives each item's hits back to its limits (Envoy's negative
+// hits) and reports their state in dec.
+func (e *Engine) RefundItems(now time.Time, domain string, items []Item, dec *allot.Decision) error {
+	return e.do(now, domain, items, opRefund, dec)
+}
+
+// MaxItems bounds the items of one request.
+const MaxItems = 64
+
+// validate checks a request before anything is charged.
+func validate(items []Item) error {
+	if len(items) > MaxItems {
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrBadDescriptor, len(items), MaxItems)
+	}
+	for i, it := range items {
+		if it.Hits < 0 || it.Hits > allot.MaxAmount {
+			return fmt.Errorf("%w: descriptor %d: %d is outside [0, %d]", ErrBadCost, i, it.Hits, int64(allot.MaxAmount))
+		}
+		if len(it.Descriptor) > MaxEntries {
+			return fmt.Errorf("%w: descriptor %d: %d entries, at most %d", ErrBadDescriptor, i, len(it.Descriptor), MaxEntries)
+		}
+		for _, en := range it.Descriptor {
+			if en.Key == "" {
+				return fmt.Errorf("%w: descriptor %d: empty key", ErrBadDescriptor, i)
+			}
+		}
+		if it.Limit != nil {
+			if err := it.Limit.Validate(); err != nil {
+				return fmt.Errorf("%w: descriptor %d: limit: %v", ErrBadDescriptor, i, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Engine) do(now time.Time, domain string, items []Item, o op, dec *allot.Decision) error {
+	if err := validate(items); err != nil {
+		return err
+	}
+	ds := e.cfg.Load().domain(domain)
+	if ds == nil {
+		return fmt.Errorf("%w %q", ErrUnknownDomain, domain)
+	}
+	dec.Allowed, dec.RetryAfter, dec.Statuses = true, 0, dec.Statuses[:0]
+	var inline [maxInline]work
+	ws := inline[:0]
+	for i := range items {
+		it := &items[i]
+		n := len(ws)
+		if ds.d.EnvoyPaths {
+			ws = e.matchEnvoy(ds, it, ws)
+		} else {
+			ws = e.matchAll(ds, it, ws)
+		}
+		if len(ws) == n && it.Limit != nil {
+			ws = append(ws, work{ls: ds.adhoc, key: e.adhocKey(ds.adhoc, it.Descriptor)})
+		}
+		for j := n; j < len(ws); j++ {
+			w := &ws[j]
+			l := w.ls.l
+			eff := allot.Effective{Rate: l.Rate, Burst: l.Burst}
+			switch {
+			case it.Limit != nil:
+				eff = allot.Effective{Rate: *it.Limit, Burst: it.Limit.Amount}
+			case !l.Unlimited:
+				eff = ds.d.Effective(l, it.Descriptor, now)
+			}
+			w.p, w.cost, w.same = w.ls.base, float64(it.Hits), -1
+			if eff.Rate != l.Rate || eff.Burst != l.Burst {
+				w.p = baseParams(l, eff)
+			}
+			for k := range j {
+				if ws[k].key == w.key {
+					w.same = k // the latest earlier one: trials chain
+				}
+			}
+			dec.Statuses = append(dec.Statuses, allot.LimitStatus{Descriptor: i, Name: l.Name, Shadow: l.Shadow, Allowed: true, Limit: eff.Rate.Amount})
+		}
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	var ks [maxInline]uint64
+	keys := ks[:0]
+	for _, w := range ws {
+		if !w.ls.l.Unlimited {
+			keys = append(keys, w.key)
+		}
+	}
+	if len(keys) == 1 {
+		sh := &e.table.shards[shardOf(keys[0])]
+		sh.mu.Lock()
+		e.apply(now.UnixNano(), ws, dec.Statuses, o)
+		sh.mu.Unlock()
+	} else {
+		var locks lockSet
+		locks.lock(e.table, keys)
+		e.apply(now.UnixNano(), ws, dec.Statuses, o)
+		locks.unlock(e.table)
+	}
+	for i := range dec.Statuses {
+		if st := &dec.Statuses[i]; !st.Allowed && !st.Shadow {
+			dec.Allowed = false
+			dec.RetryAfter = max(dec.RetryAfter, st.RetryAfter)
+		}
+	}
+	return nil
+}
+
+// matchAll appends a work for every limit of ds that matches the item,
+// less those replaced by another matching limit.
+func (e *Engine) matchAll(ds *domainState, it *Item, ws []work) []work {
+	n := len(ws)
+	replacing := false
+	for _, ls := range ds.limits {
+		if key, ok := e.matchKey(ls, it.Descriptor); ok {
+			ws = append(ws, work{ls: ls, key: key})
+			replacing = replacing || len(ls.l.Replaces) > 0
+		}
+	}
+	if !replacing {
+		return ws
+	}
+	kept := ws[:n]
+	for _, w := range ws[n:] {
+		if !replaced(w.ls.l.Name, ws[n:]) {
+			kept = append(kept, w)
+		}
+	}
+	return kept
+}
+
+func replaced(name string, ws []work) bool {
+	for _, w := range ws {
+		for _, r := range w.ls.l.Replaces {
+			if r == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// matchEnvoy appends the one limit of ds that Envoy's rate limit service
+// would pick for the item: its match is exactly the descriptor's entries,
+// in order, and at the first entry where two candidates differ, an exact
+// value beats a prefix, which beats any value.
+func (e *Engine) matchEnvoy(ds *domainState, it *Item, ws []work) []work {
+	d := it.Descriptor
+	var best *limitState
+	for _, ls := range ds.limits {
+		m := ls.l.Match
+		if len(m) != len(d) {
+			continue
+		}
+		ok := true
+		for i := range m {
+			if m[i].Key != d[i].Key || !allot.MatchValue(m[i].Value, d[i].Value) {
+				ok = false
+				break
+			}
+		}
+		if ok && (best == nil || moreSpecific(m, best.l.Match)) {
+			best = ls
+		}
+	}
+	if best == nil {
+		return ws
+	}
+	h := best.salt
+	for _, en := range d {
+		h = mix(h ^ maphash.String(e.seed, en.Value))
+	}
+	return append(ws, work{ls: best, key: normKey(h)})
+}
+
+func moreSpecific(a, b allot.Match) bool {
+	rank := func(v string) int {
+		switch {
+		case v == allot.Wildcard:
+			return 0
+		case len(v) > 0 && v[len(v)-1] == '*':
+			return 1
+		}
+		return 2
+	}
+	for i := range a {
+		if ra, rb := rank(a[i].Value), rank(b[i].Value); ra != rb {
+			return ra > rb
+		}
+	}
+	return false
+}
+
+// adhocKey hashes every entry of a descriptor that brings its own limit.
+func (e *Engine) adhocKey(ls *limitState, d allot.Descriptor) uint64 {
+	h := ls.salt
+	for _, en := range d {
+		h = mix(h ^ maphash.String(e.seed, en.Key))
+		h = mix(h ^ maphash.String(e.seed, en.Value))
+	}
+	return normKey(h)
+}
+
+// apply runs one operation on the works' keys; the caller holds their
+// shards' locks. sts[i] answers ws[i]; apply fills in the verdict and
+// the numbers.
+func (e *Engine) apply(now int64, ws []work, sts []allot.LimitStatus, o op) {
+	// Make room first: an eviction may move or drop slots, so no slot is
+	// held across it, nor across an insert, which may grow a shard.
+	for _, w := range ws {
+		if sh := &e.table.shards[shardOf(w.key)]; !w.ls.l.Unlimited && sh.n >= sh.max && sh.find(w.key) < 0 {
+			sh.makeRoom(now)
+		}
+	}
+	for i := range ws {
+		w := &ws[i]
+		if w.ls.l.Unlimited {
+			continue
+		}
+		sh := &e.table.shards[shardOf(w.key)]
+		hist := w.ls.shares.hist(w.key)
+		base := w.p
+		w.p = base.scaled(hist.current())
+		if idx := sh.find(w.key); idx >= 0 {
+			if w.same < 0 {
+				hist.catchUp(&sh.slots[idx], base)
+			}
+		} else {
+			fresh(&sh.slots[sh.insert(w.key)], now, w.p)
+		}
+	}
+	slotOf := func(w *work) *slot {
+		sh := &e.table.shards[shardOf(w.key)]
+		return &sh.slots[sh.find(w.key)]
+	}
+
+	switch o {
+	case opForce:
+		for i := range ws {
+			if !ws[i].ls.l.Unlimited {
+				report(&sts[i], take(slotOf(&ws[i]), now, ws[i].p, ws[i].cost, true))
+			}
+		}
+		return
+	case opRefund:
+		for i := range ws {
+			if w := &ws[i]; !w.ls.l.Unlimited {
+				s := slotOf(w)
+				refund(s, now, w.p, w.cost)
+				report(&sts[i], take(s, now, w.p, 0, false))
+			}
+		}
+		return
+	}
+	if len(ws) == 1 { // nothing else can reject: charge in place
+		if !ws[0].ls.l.Unlimited {
+			report(&sts[0], take(slotOf(&ws[0]), now, ws[0].p, ws[0].cost, false))
+		}
+		return
+	}
+	// Try every charge on a copy; a key touched twice chains its copies.
+	var inline [maxInline]slot
+	trials := inline[:0]
+	admit := true
+	for i := range ws {
+		w := &ws[i]
+		if w.ls.l.Unlimited {
+			trials = append(trials, slot{})
+			continue
+		}
+		t := *slotOf(w)
+		if w.same >= 0 {
+			t = trials[w.same]
+		}
+		out := take(&t, now, w.p, w.cost, false)
+		trials = append(trials, t)
+		report(&sts[i], out)
+		if !out.allowed && !w.ls.l.Shadow {
+			admit = false
+		}
+	}
+	for i := range ws {
+		w := &ws[i]
+		switch st := &sts[i]; {
+		case w.ls.l.Unlimited:
+		case admit && st.Allowed:
+			*slotOf(w) = trials[i] // a later work on the same key overwrites with its later trial
+		case st.Allowed: // another limit rejected: report the uncharged state
+			report(st, take(slotOf(w), now, w.p, 0, false))
+		}
+	}
+}
+
+func report(st *allot.LimitStatus, o outcome) {
+	st.Allowed = o.allowed
+	st.Remaining = int64(math.Floor(o.remaining))
+	st.ResetAfter = time.Duration(o.resetAfter)
+	st.RetryAfter = time.Duration(o.retryAfter)
+}
