@@ -28,6 +28,37 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=30s ./crdt
 
-## dev: check the example configuration against the engine
+## dev: the embedded default (gRPC 127.0.0.1:8081, HTTP 127.0.0.1:8080)
 dev:
-	$(GO) run ./cmd/allot example
+	$(GO) run ./cmd/allot dev
+
+## proto: regenerate the Go code of proto/ with pinned plugins
+PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+PROTO_FILES        := $(shell find proto -name '*.proto')
+
+.PHONY: proto verify-proto proto-tools
+proto-tools:
+	@command -v protoc >/dev/null || { echo "protoc is missing: apt-get install -y protobuf-compiler"; exit 1; }
+	GOBIN=$(CURDIR)/$(BIN) $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/$(BIN) $(GO) install $(PROTOC_GEN_GO_GRPC)
+
+proto: proto-tools
+	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
+		--go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+		$(PROTO_FILES)
+
+## verify-proto: fail if the committed generated code differs from a fresh run
+verify-proto: proto-tools
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
+		--go_out=$$tmp --go_opt=paths=source_relative \
+		--go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative \
+		$(PROTO_FILES) && \
+	for f in $$(cd $$tmp && find . -name '*.go'); do \
+		cmp -s $$tmp/$$f proto/$$f || { echo "proto/$$f is out of date: run make proto"; exit 1; }; \
+	done; \
+	extra=$$(cd proto && find . -name '*.pb.go' | while read f; do [ -f $$tmp/$$f ] || echo $$f; done); \
+	[ -z "$$extra" ] || { echo "generated files without a .proto: $$extra"; exit 1; }; \
+	echo "proto: generated code is up to date"

@@ -230,10 +230,11 @@ type Effective struct {
 type LimitStatus struct {
 	Descriptor int // index of the request's descriptor it answers for
 	Name       string
-	Allowed    bool  // this limit alone would admit the request
-	Shadow     bool  // a shadow limit never rejects; Allowed says what it would do
-	Limit      int64 // the key's effective limit (amount per period)
-	Remaining  int64 // what this region would still admit now, after this decision
+	Allowed    bool          // this limit alone would admit the request
+	Shadow     bool          // a shadow limit never rejects; Allowed says what it would do
+	Limit      int64         // the key's effective limit (amount per period)
+	Window     time.Duration // the effective limit's period
+	Remaining  int64         // what this region would still admit now, after this decision
 	// ResetAfter is when the key's state is back to full if nothing more is charged.
 	ResetAfter time.Duration
 	// RetryAfter is how long until the same request would pass; 0 when allowed.

@@ -115,51 +115,10 @@ func validate(items []Item) error {
 }
 
 func (e *Engine) do(now time.Time, domain string, items []Item, o op, dec *allot.Decision) error {
-	if err := validate(items); err != nil {
-		return err
-	}
-	ds := e.cfg.Load().domain(domain)
-	if ds == nil {
-		return fmt.Errorf("%w %q", ErrUnknownDomain, domain)
-	}
-	dec.Allowed, dec.RetryAfter, dec.Statuses = true, 0, dec.Statuses[:0]
 	var inline [maxInline]work
-	ws := inline[:0]
-	for i := range items {
-		it := &items[i]
-		n := len(ws)
-		if ds.d.EnvoyPaths {
-			ws = e.matchEnvoy(ds, it, ws)
-		} else {
-			ws = e.matchAll(ds, it, ws)
-		}
-		if len(ws) == n && it.Limit != nil {
-			ws = append(ws, work{ls: ds.adhoc, key: e.adhocKey(ds.adhoc, it.Descriptor)})
-		}
-		for j := n; j < len(ws); j++ {
-			w := &ws[j]
-			l := w.ls.l
-			eff := allot.Effective{Rate: l.Rate, Burst: l.Burst}
-			switch {
-			case it.Limit != nil:
-				eff = allot.Effective{Rate: *it.Limit, Burst: it.Limit.Amount}
-			case !l.Unlimited:
-				eff = ds.d.Effective(l, it.Descriptor, now)
-			}
-			w.p, w.cost, w.same = w.ls.base, float64(it.Hits), -1
-			if eff.Rate != l.Rate || eff.Burst != l.Burst {
-				w.p = baseParams(l, eff)
-			}
-			for k := range j {
-				if ws[k].key == w.key {
-					w.same = k // the latest earlier one: trials chain
-				}
-			}
-			dec.Statuses = append(dec.Statuses, allot.LimitStatus{Descriptor: i, Name: l.Name, Shadow: l.Shadow, Allowed: true, Limit: eff.Rate.Amount})
-		}
-	}
-	if len(ws) == 0 {
-		return nil
+	ws, err := e.plan(now, domain, items, o, dec, inline[:0])
+	if err != nil || len(ws) == 0 {
+		return err
 	}
 	var ks [maxInline]uint64
 	keys := ks[:0]
@@ -186,6 +145,68 @@ func (e *Engine) do(now time.Time, domain string, items []Item, o op, dec *allot
 		}
 	}
 	return nil
+}
+
+// Validate reports the error CheckItems would return for a request,
+// without charging or touching any key. A server deciding a batch of
+// requests validates them all first, so that a bad one charges nothing.
+func (e *Engine) Validate(now time.Time, domain string, items []Item) error {
+	var inline [maxInline]work
+	var dec allot.Decision
+	_, err := e.plan(now, domain, items, opCheck, &dec, inline[:0])
+	return err
+}
+
+// plan validates a request and appends a work for every key it touches to
+// ws, with its status (verdict to come) in dec.
+func (e *Engine) plan(now time.Time, domain string, items []Item, o op, dec *allot.Decision, ws []work) ([]work, error) {
+	if err := validate(items); err != nil {
+		return nil, err
+	}
+	ds := e.cfg.Load().domain(domain)
+	if ds == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownDomain, domain)
+	}
+	dec.Allowed, dec.RetryAfter, dec.Statuses = true, 0, dec.Statuses[:0]
+	for i := range items {
+		it := &items[i]
+		n := len(ws)
+		if ds.d.EnvoyPaths {
+			ws = e.matchEnvoy(ds, it, ws)
+		} else {
+			ws = e.matchAll(ds, it, ws)
+		}
+		if len(ws) == n && it.Limit != nil {
+			ws = append(ws, work{ls: ds.adhoc, key: e.adhocKey(ds.adhoc, it.Descriptor)})
+		}
+		for j := n; j < len(ws); j++ {
+			w := &ws[j]
+			l := w.ls.l
+			eff := allot.Effective{Rate: l.Rate, Burst: l.Burst}
+			switch {
+			case it.Limit != nil:
+				eff = allot.Effective{Rate: *it.Limit, Burst: it.Limit.Amount}
+			case !l.Unlimited:
+				eff = ds.d.Effective(l, it.Descriptor, now)
+			}
+			w.p, w.cost, w.same = w.ls.base, float64(it.Hits), -1
+			if eff.Rate != l.Rate || eff.Burst != l.Burst {
+				w.p = baseParams(l, eff)
+			}
+			if o == opCheck && !l.Unlimited && !l.Shadow && w.cost > w.p.burst {
+				dec.Statuses = dec.Statuses[:0]
+				return nil, fmt.Errorf("%w: descriptor %d costs %d, limit %s admits at most %d at once",
+					ErrCostAboveBurst, i, it.Hits, l.Name, int64(w.p.burst))
+			}
+			for k := range j {
+				if ws[k].key == w.key {
+					w.same = k // the latest earlier one: trials chain
+				}
+			}
+			dec.Statuses = append(dec.Statuses, allot.LimitStatus{Descriptor: i, Name: l.Name, Shadow: l.Shadow, Allowed: true, Limit: eff.Rate.Amount, Window: eff.Rate.Period})
+		}
+	}
+	return ws, nil
 }
 
 // matchAll appends a work for every limit of ds that matches the item,

@@ -29,6 +29,9 @@ var (
 	ErrBadDescriptor = errors.New("regional: bad descriptor")
 	// ErrBadShare is returned for a share outside [0, 1].
 	ErrBadShare = errors.New("regional: bad share")
+	// ErrCostAboveBurst is returned by Check and CheckItems for a cost that
+	// no matching limit could ever admit: above its burst.
+	ErrCostAboveBurst = errors.New("regional: cost above burst")
 )
 
 // MaxEntries bounds the entries of one descriptor.

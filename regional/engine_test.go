@@ -62,7 +62,6 @@ var bucketRows = []row{
 	{0, 1, false, 0, ms(100), ms(500)},
 	{ms(50), 1, false, 0, ms(50), ms(450)},
 	{ms(100), 1, true, 0, 0, ms(500)},
-	{ms(1000), 6, false, 5, never, 0}, // above burst: never passes
 	{ms(1000), 5, true, 0, 0, ms(500)},
 	{ms(1000), 0, true, 0, 0, ms(500)},        // hits 0 reports without charging
 	{ms(1250), 2, true, 0, 0, ms(450)},        // 2.5 − 2
@@ -100,8 +99,7 @@ limits:
 		{ms(1100), 1, true, 0, 0, ms(1900)}, // est 10·0.9 = 9
 		// est 9 + 1; 10·(1−x) ≤ 8 at x = 0.2
 		{ms(1100), 1, false, 0, ms(100), ms(1900)},
-		{ms(1200), 1, true, 0, 0, ms(1800)}, // est 10·0.8 + 1
-		{ms(1200), 11, false, 0, never, ms(1800)},
+		{ms(1200), 1, true, 0, 0, ms(1800)},  // est 10·0.8 + 1
 		{ms(3000), 10, true, 0, 0, ms(2000)}, // two windows later: empty
 		{ms(3000), 0, true, 0, 0, ms(2000)},
 	})
@@ -201,6 +199,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"api", user("1"), allot.MaxAmount + 1, ErrBadCost},
 		{"api", allot.Descriptor{{Key: "", Value: "x"}}, 1, ErrBadDescriptor},
 		{"api", make(allot.Descriptor, MaxEntries+1), 1, ErrBadDescriptor},
+		{"api", user("1"), 6, ErrCostAboveBurst},
 	}
 	for _, c := range cases {
 		if err := e.Check(t0, c.domain, c.desc, c.hits, &dec); !errors.Is(err, c.want) {

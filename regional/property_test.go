@@ -38,7 +38,7 @@ func TestAdmittedWithinBound(t *testing.T) {
 				n := rapid.IntRange(1, 200).Draw(rt, "n")
 				for i := range n {
 					at += time.Duration(rapid.Int64Range(0, int64(period)/2).Draw(rt, fmt.Sprintf("dt%d", i)))
-					cost := rapid.Int64Range(0, burst+1).Draw(rt, fmt.Sprintf("cost%d", i))
+					cost := rapid.Int64Range(0, burst).Draw(rt, fmt.Sprintf("cost%d", i))
 					if err := e.Check(t0.Add(at), "api", user("1"), cost, &dec); err != nil {
 						rt.Fatal(err)
 					}

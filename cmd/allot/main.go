@@ -1,6 +1,5 @@
-// Command allot runs allot. At this stage it checks configurations and
-// plays requests against the in-memory engine; the regional service and
-// the coordinator come as subcommands of their own.
+// Command allot runs allot: a region's enforcer (allot regional), the
+// embedded default (allot dev), and tools to check configurations.
 package main
 
 import (
@@ -35,6 +34,8 @@ func main() {
 const usage = `usage: allot COMMAND [flags]
 
 commands:
+  dev        the embedded default: serve the built-in example limits on 127.0.0.1
+  regional   serve one region's enforcer (gRPC, Envoy's rate limit API, HTTP)
   check      play requests against the in-memory engine and print each decision
   validate   check a limits file; every error names the file, line and field
 
@@ -47,6 +48,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("no command")
 	}
 	switch args[0] {
+	case "dev":
+		return runDev(ctx, args[1:], stdout, stderr)
+	case "regional":
+		return runRegional(ctx, args[1:], stdout, stderr)
 	case "check":
 		return runCheck(ctx, args[1:], stdout, stderr)
 	case "validate":

@@ -1,0 +1,23 @@
+// Package server is the regional enforcer's edge: it serves the engine
+// (package regional) to gateways over gRPC (allot.v1.RateLimiter and
+// Envoy's envoy.service.ratelimit.v3.RateLimitService) and HTTP
+// (POST /v1/check with the standard rate limit headers), and exports
+// Prometheus metrics.
+//
+// A Service owns no listener: the caller registers it on a *grpc.Server
+// and mounts its HTTP handler, so that one process may serve several
+// regions (allot dev) or one (allot regional).
+//
+//	svc := server.New(engine, server.Options{Region: "us-east", Registry: reg})
+//	gs := grpc.NewServer()
+//	svc.RegisterGRPC(gs)
+//	go gs.Serve(grpcListener)
+//	go http.Serve(httpListener, svc.HTTPHandler())
+//
+// Every method of a Service is safe for concurrent use. The wall clock is
+// read here, at the edge, and passed to the engine.
+//
+// Errors map to gRPC codes and HTTP statuses in one table (errors.go):
+// bad input is INVALID_ARGUMENT / 400, an unknown domain NOT_FOUND / 404,
+// and nothing is charged when an error is returned.
+package server

@@ -1,0 +1,65 @@
+package server
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/allot-dev/allot"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// RegisterGRPC registers the service's gRPC APIs on gs.
+func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) {
+	allotv1.RegisterRateLimiterServer(gs, rateLimiter{s: s})
+}
+
+type rateLimiter struct {
+	allotv1.UnimplementedRateLimiterServer
+	s *Service
+}
+
+func (r rateLimiter) Check(ctx context.Context, req *allotv1.CheckRequest) (*allotv1.CheckResponse, error) {
+	items := make([]CheckItem, len(req.GetItems()))
+	for i, it := range req.GetItems() {
+		items[i] = CheckItem{Domain: it.GetDomain(), Hits: 1}
+		if it.Hits != nil {
+			items[i].Hits = it.GetHits()
+		}
+		for _, d := range it.GetDescriptors() {
+			desc := make(allot.Descriptor, len(d.GetEntries()))
+			for j, e := range d.GetEntries() {
+				desc[j] = allot.Entry{Key: e.GetKey(), Value: e.GetValue()}
+			}
+			items[i].Descriptors = append(items[i].Descriptors, desc)
+		}
+	}
+	decs := make([]allot.Decision, len(items))
+	if err := r.s.checkBatch(items, decs); err != nil {
+		return nil, grpcError(err)
+	}
+	resp := &allotv1.CheckResponse{Results: make([]*allotv1.CheckResult, len(decs))}
+	for i := range decs {
+		resp.Results[i] = checkResult(&decs[i])
+	}
+	return resp, nil
+}
+
+func checkResult(dec *allot.Decision) *allotv1.CheckResult {
+	res := &allotv1.CheckResult{Allowed: dec.Allowed, RetryAfter: durationpb.New(dec.RetryAfter)}
+	for _, st := range dec.Statuses {
+		res.Limits = append(res.Limits, &allotv1.LimitStatus{
+			Name:            st.Name,
+			Limit:           st.Limit,
+			Remaining:       st.Remaining,
+			ResetAfter:      durationpb.New(st.ResetAfter),
+			RetryAfter:      durationpb.New(st.RetryAfter),
+			Allowed:         st.Allowed,
+			Shadow:          st.Shadow,
+			DescriptorIndex: int32(st.Descriptor),
+			Window:          durationpb.New(st.Window),
+		})
+	}
+	return res
+}

@@ -1,0 +1,176 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/allot-dev/allot"
+)
+
+// maxBody bounds a request body.
+const maxBody = 1 << 20
+
+// HTTPOptions configure the HTTP handler.
+type HTTPOptions struct {
+	// Gatherer serves /metrics; nil serves no metrics.
+	Gatherer prometheus.Gatherer
+	// Ready reports whether the region is ready for traffic (/readyz);
+	// nil means always.
+	Ready func() error
+}
+
+// checkBody is the JSON body of POST /v1/check. Each descriptor is an
+// object of attributes; its entries are taken in key order (JSON objects
+// have none), so domains that match Envoy's ordered paths are better
+// served over gRPC.
+type checkBody struct {
+	Domain      string              `json:"domain"`
+	Descriptors []map[string]string `json:"descriptors"`
+	Hits        *int64              `json:"hits"` // absent: 1; 0 checks without charging
+}
+
+// HTTPHandler returns the service's HTTP API:
+//
+//	POST /v1/check   decide one request: 200 allowed, 429 rejected
+//	GET  /healthz    the process is up
+//	GET  /readyz     the region is ready for traffic
+//	GET  /metrics    Prometheus metrics
+func (s *Service) HTTPHandler(opts HTTPOptions) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/check", s.httpCheck)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if opts.Ready != nil {
+			if err := opts.Ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		io.WriteString(w, "ready\n")
+	})
+	if opts.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	}
+	return mux
+}
+
+func (s *Service) httpCheck(w http.ResponseWriter, r *http.Request) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			writeError(w, http.StatusUnsupportedMediaType, fmt.Errorf("content type %q, want application/json", ct))
+			return
+		}
+	}
+	var body checkBody
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		code := http.StatusBadRequest
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			code = http.StatusRequestEntityTooLarge
+		}
+		writeError(w, code, fmt.Errorf("body: %v", err))
+		return
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, errors.New("body: more than one JSON value"))
+		return
+	}
+	item := CheckItem{Domain: body.Domain, Hits: 1}
+	if body.Hits != nil {
+		item.Hits = *body.Hits
+	}
+	for _, m := range body.Descriptors {
+		d := make(allot.Descriptor, 0, len(m))
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			d = append(d, allot.Entry{Key: k, Value: m[k]})
+		}
+		item.Descriptors = append(item.Descriptors, d)
+	}
+	decs := make([]allot.Decision, 1)
+	if err := s.checkBatch([]CheckItem{item}, decs); err != nil {
+		writeError(w, httpStatus(err), err)
+		return
+	}
+	d := &decs[0]
+	setRateLimitHeaders(w.Header(), d)
+	out, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(checkResult(d))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if !d.Allowed {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	w.Write(out)
+	w.Write([]byte("\n"))
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+}
+
+// seconds rounds d up to whole seconds.
+func seconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
+
+// setRateLimitHeaders sets, from a decision:
+//
+//	RateLimit-Policy: "per-user";q=10;w=1, "per-tenant";q=1000;w=60
+//	RateLimit: "per-user";r=4;t=1, "per-tenant";r=999;t=1
+//	X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset (seconds)
+//	Retry-After (seconds, at least 1) when rejected
+//
+// RateLimit-Policy and RateLimit follow the IETF httpapi draft's
+// structured-field form, one item per enforced limit. The X- headers
+// describe the most constraining limit: the one that rejected with the
+// longest wait, else the one with the least remaining.
+func setRateLimitHeaders(h http.Header, d *allot.Decision) {
+	var policy, state []string
+	var top *allot.LimitStatus
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if st.Shadow || st.Limit == 0 {
+			continue
+		}
+		policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", st.Name, st.Limit, max(seconds(st.Window), 1)))
+		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", st.Name, st.Remaining, seconds(st.ResetAfter)))
+		switch {
+		case top == nil:
+			top = st
+		case !st.Allowed && (top.Allowed || st.RetryAfter > top.RetryAfter):
+			top = st
+		case st.Allowed && top.Allowed && st.Remaining < top.Remaining:
+			top = st
+		}
+	}
+	if top != nil {
+		h.Set("RateLimit-Policy", strings.Join(policy, ", "))
+		h.Set("RateLimit", strings.Join(state, ", "))
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(seconds(top.ResetAfter), 10))
+	}
+	if !d.Allowed {
+		h.Set("Retry-After", strconv.FormatInt(max(seconds(d.RetryAfter), 1), 10))
+	}
+}

@@ -1,0 +1,154 @@
+package server
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/regional"
+)
+
+// DefaultMaxBatch bounds the items of one Check call when Options.MaxBatch
+// is 0.
+const DefaultMaxBatch = 1000
+
+// Options configure a Service.
+type Options struct {
+	Region string
+	// Registry receives the service's metrics; nil exports none.
+	Registry prometheus.Registerer
+	// Logger receives request errors at debug level; nil discards.
+	Logger *slog.Logger
+	// Now reads the clock; nil means time.Now.
+	Now func() time.Time
+	// MaxBatch bounds the items of one Check call.
+	MaxBatch int
+}
+
+// Service serves one region's engine. The zero value is not usable; call
+// New. Safe for concurrent use.
+type Service struct {
+	engine   *regional.Engine
+	region   string
+	now      func() time.Time
+	log      *slog.Logger
+	maxBatch int
+	metrics  *metrics
+}
+
+// New returns a Service deciding with engine.
+func New(engine *regional.Engine, opts Options) *Service {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
+	s := &Service{
+		engine:   engine,
+		region:   opts.Region,
+		now:      opts.Now,
+		log:      opts.Logger.With("region", opts.Region),
+		maxBatch: opts.MaxBatch,
+	}
+	s.metrics = newMetrics(engine, opts.Registry)
+	return s
+}
+
+// Engine returns the engine the service decides with.
+func (s *Service) Engine() *regional.Engine { return s.engine }
+
+// SetConfig replaces the engine's configuration (a reload).
+func (s *Service) SetConfig(cfg *allot.Config) {
+	s.engine.SetConfig(cfg)
+	s.metrics.configLoaded(cfg)
+}
+
+// CheckItem is one request to decide, as every front end receives it.
+type CheckItem struct {
+	Domain      string
+	Descriptors []allot.Descriptor
+	Hits        int64
+}
+
+// checkBatch validates every item, then decides them in order. A batch
+// with any bad item fails as a whole, before anything is charged.
+func (s *Service) checkBatch(items []CheckItem, decs []allot.Decision) error {
+	if len(items) == 0 {
+		return fmt.Errorf("%w: no items", ErrBadRequest)
+	}
+	if len(items) > s.maxBatch {
+		return fmt.Errorf("%w: %d items, at most %d", ErrBadRequest, len(items), s.maxBatch)
+	}
+	now := s.now()
+	for i, it := range items {
+		if err := s.validate(now, it, len(items) > 1); err != nil {
+			return fmt.Errorf("item %d: %w", i, err)
+		}
+	}
+	for i, it := range items {
+		if err := s.decide(now, it, &decs[i]); err != nil {
+			return fmt.Errorf("item %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// validate refuses a malformed item. With deep, it also asks the engine,
+// so that a batch fails before any of its items is charged; a single item
+// is validated by the engine as it is decided.
+func (s *Service) validate(now time.Time, it CheckItem, deep bool) error {
+	if err := checkItem(it); err != nil || !deep {
+		return err
+	}
+	return s.engine.Validate(now, it.Domain, engineItems(it, make([]regional.Item, 0, len(it.Descriptors))))
+}
+
+func checkItem(it CheckItem) error {
+	if it.Domain == "" {
+		return fmt.Errorf("%w: empty domain", ErrBadRequest)
+	}
+	if len(it.Descriptors) == 0 {
+		return fmt.Errorf("%w: no descriptors", ErrBadRequest)
+	}
+	if len(it.Descriptors) > regional.MaxItems {
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrBadRequest, len(it.Descriptors), regional.MaxItems)
+	}
+	for j, d := range it.Descriptors {
+		if len(d) == 0 {
+			return fmt.Errorf("%w: descriptor %d is empty", ErrBadRequest, j)
+		}
+	}
+	if it.Hits < 0 || it.Hits > allot.MaxAmount {
+		return fmt.Errorf("%w: hits %d is outside [0, %d]", regional.ErrBadCost, it.Hits, int64(allot.MaxAmount))
+	}
+	return nil
+}
+
+// decide decides one item and records it.
+func (s *Service) decide(now time.Time, it CheckItem, dec *allot.Decision) error {
+	var inline [4]regional.Item
+	items := engineItems(it, inline[:0])
+	start := time.Now()
+	err := s.engine.CheckItems(now, it.Domain, items, dec)
+	s.metrics.record(it.Domain, dec, err, time.Since(start))
+	if err != nil {
+		s.log.Debug("check refused", "domain", it.Domain, "err", err)
+	}
+	return err
+}
+
+// engineItems appends the engine's items for it to dst.
+func engineItems(it CheckItem, dst []regional.Item) []regional.Item {
+	for _, d := range it.Descriptors {
+		dst = append(dst, regional.Item{Descriptor: d, Hits: it.Hits})
+	}
+	return dst
+}
