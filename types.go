@@ -272,4 +272,7 @@ type Demand struct {
 	At       time.Time
 	Admitted float64 // cost admitted since the last report
 	Rejected float64 // cost rejected since the last report
+	// NearLimit says the key used most of its allowance, or was rejected,
+	// in this region since the last report: it is hot.
+	NearLimit bool
 }

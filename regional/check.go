@@ -33,6 +33,7 @@ type work struct {
 	p    params // the key's effective limit, before the share
 	cost float64
 	same int // index of an earlier work on the same key, or -1
+	item int // index of the item it comes from
 }
 
 // op is what a request does to its keys.
@@ -130,12 +131,12 @@ func (e *Engine) do(now time.Time, domain string, items []Item, o op, dec *allot
 	if len(keys) == 1 {
 		sh := &e.table.shards[shardOf(keys[0])]
 		sh.mu.Lock()
-		e.apply(now.UnixNano(), ws, dec.Statuses, o)
+		e.apply(now.UnixNano(), items, ws, dec.Statuses, o)
 		sh.mu.Unlock()
 	} else {
 		var locks lockSet
 		locks.lock(e.table, keys)
-		e.apply(now.UnixNano(), ws, dec.Statuses, o)
+		e.apply(now.UnixNano(), items, ws, dec.Statuses, o)
 		locks.unlock(e.table)
 	}
 	for i := range dec.Statuses {
@@ -189,7 +190,7 @@ func (e *Engine) plan(now time.Time, domain string, items []Item, o op, dec *all
 			case !l.Unlimited:
 				eff = ds.d.Effective(l, it.Descriptor, now)
 			}
-			w.p, w.cost, w.same = w.ls.base, float64(it.Hits), -1
+			w.p, w.cost, w.same, w.item = w.ls.base, float64(it.Hits), -1, i
 			if eff.Rate != l.Rate || eff.Burst != l.Burst {
 				w.p = baseParams(l, eff)
 			}
@@ -307,7 +308,7 @@ func (e *Engine) adhocKey(ls *limitState, d allot.Descriptor) uint64 {
 // apply runs one operation on the works' keys; the caller holds their
 // shards' locks. sts[i] answers ws[i]; apply fills in the verdict and
 // the numbers.
-func (e *Engine) apply(now int64, ws []work, sts []allot.LimitStatus, o op) {
+func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStatus, o op) {
 	// Make room first: an eviction may move or drop slots, so no slot is
 	// held across it, nor across an insert, which may grow a shard.
 	for _, w := range ws {
@@ -356,8 +357,9 @@ func (e *Engine) apply(now int64, ws []work, sts []allot.LimitStatus, o op) {
 		return
 	}
 	if len(ws) == 1 { // nothing else can reject: charge in place
-		if !ws[0].ls.l.Unlimited {
-			report(&sts[0], take(slotOf(&ws[0]), now, ws[0].p, ws[0].cost, false))
+		if w := &ws[0]; !w.ls.l.Unlimited {
+			report(&sts[0], take(slotOf(w), now, w.p, w.cost, false))
+			e.count(items, w, &sts[0], sts[0].Allowed || w.ls.l.Shadow)
 		}
 		return
 	}
@@ -386,11 +388,48 @@ func (e *Engine) apply(now int64, ws []work, sts []allot.LimitStatus, o op) {
 		w := &ws[i]
 		switch st := &sts[i]; {
 		case w.ls.l.Unlimited:
+			continue
 		case admit && st.Allowed:
 			*slotOf(w) = trials[i] // a later work on the same key overwrites with its later trial
 		case st.Allowed: // another limit rejected: report the uncharged state
 			report(st, take(slotOf(w), now, w.p, 0, false))
 		}
+		e.count(items, w, &sts[i], admit)
+	}
+}
+
+// count adds a decided work to its shard's demand: to its limit, and to
+// its key when the key is hot (rejected here, or left with a tenth of its
+// burst or less) or already counted as hot. The caller holds the shard's
+// lock.
+func (e *Engine) count(items []Item, w *work, st *allot.LimitStatus, admitted bool) {
+	id := w.ls.shares.id
+	if id < 0 {
+		return // a descriptor's own limit: not coordinated
+	}
+	sh := &e.table.shards[shardOf(w.key)]
+	d := sh.demandOf(id)
+	if admitted {
+		d.admitted += w.cost
+	} else {
+		d.rejected += w.cost
+	}
+	h := sh.hot[w.key]
+	if h == nil {
+		hot := !w.ls.l.Shadow && (!st.Allowed || float64(st.Remaining) <= w.p.burst/10)
+		if !hot || len(sh.hot) >= maxHotPerShard {
+			return
+		}
+		if sh.hot == nil {
+			sh.hot = make(map[uint64]*hotKey)
+		}
+		h = &hotKey{shares: w.ls.shares, name: KeyString(w.ls.l, items[w.item].Descriptor)}
+		sh.hot[w.key] = h
+	}
+	if admitted {
+		h.admitted += w.cost
+	} else {
+		h.rejected += w.cost
 	}
 }
 

@@ -1,11 +1,14 @@
 package regional
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"math"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +66,7 @@ type Options struct {
 type Engine struct {
 	mu     sync.Mutex               // serialises SetConfig and share changes
 	shares map[string]*limitShares  // by domain + "\x00" + limit; kept across reloads
+	named  [][2]string              // (domain, limit) of each limitShares.id
 	cfg    atomic.Pointer[compiled] // read lock-free on every check
 
 	table *table
@@ -104,8 +108,15 @@ type limitState struct {
 // limitShares holds the region's share of one limit: the default for its
 // keys and the hot keys' own. Both are replaced, never mutated.
 type limitShares struct {
+	id   int // index of the limit's demand counters in each shard
 	def  atomic.Pointer[shareHist]
-	keys atomic.Pointer[map[uint64]*shareHist]
+	keys atomic.Pointer[map[uint64]*keyShare]
+}
+
+// keyShare is a hot key's own share.
+type keyShare struct {
+	name string // as KeyString names it
+	hist *shareHist
 }
 
 // shareHist is a share and its recent changes, so that a key touched after
@@ -198,7 +209,8 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 			id := d.Name + "\x00" + l.Name
 			sh := e.shares[id]
 			if sh == nil {
-				sh = &limitShares{}
+				sh = &limitShares{id: len(e.named)}
+				e.named = append(e.named, [2]string{d.Name, l.Name})
 				sh.def.Store(fullShare)
 				e.shares[id] = sh
 			}
@@ -214,7 +226,7 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 		ds.adhoc = &limitState{
 			l:      &allot.Limit{Name: adhocName, Algorithm: allot.SlidingWindow},
 			salt:   maphash.String(e.seed, d.Name+"\x00"+adhocName),
-			shares: &limitShares{},
+			shares: &limitShares{id: -1},
 		}
 		ds.adhoc.shares.def.Store(fullShare)
 		c.domains[d.Name] = ds
@@ -266,20 +278,18 @@ func (e *Engine) SetKeyShare(now time.Time, domain, limit, key string, share flo
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	old := ls.shares.keys.Load()
-	m := make(map[uint64]*shareHist, 1)
+	m := make(map[uint64]*keyShare, 1)
 	if old != nil {
-		for k, v := range *old {
-			m[k] = v
-		}
+		maps.Copy(m, *old)
 	}
 	if share < 0 {
 		delete(m, h)
 	} else {
-		prev := m[h]
-		if prev == nil {
-			prev = ls.shares.def.Load()
+		prev := ls.shares.def.Load()
+		if ks := m[h]; ks != nil {
+			prev = ks.hist
 		}
-		m[h] = prev.with(now.UnixNano(), share)
+		m[h] = &keyShare{name: key, hist: prev.with(now.UnixNano(), share)}
 	}
 	ls.shares.keys.Store(&m)
 	return nil
@@ -329,8 +339,8 @@ func (e *Engine) keyOf(ls *limitState, key string) (uint64, error) {
 
 func (sh *limitShares) hist(key uint64) *shareHist {
 	if m := sh.keys.Load(); m != nil {
-		if h, ok := (*m)[key]; ok {
-			return h
+		if ks, ok := (*m)[key]; ok {
+			return ks.hist
 		}
 	}
 	return sh.def.Load()
@@ -426,6 +436,71 @@ func (e *Engine) Sweep(now time.Time) int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// Demand drains the traffic counted since the previous call: one entry
+// per limit with traffic (Key empty), one per hot key (NearLimit: it was
+// rejected or left with a tenth of its burst or less here), and one,
+// perhaps without traffic, per key the region holds a share of its own
+// for. Entries are ordered by domain, limit and key; Region and At are
+// left for the caller.
+func (e *Engine) Demand() []allot.Demand {
+	e.mu.Lock()
+	named := e.named
+	e.mu.Unlock()
+	limits := make([]demand, len(named))
+	type keyID struct {
+		id   int
+		name string
+	}
+	keys := make(map[keyID]*allot.Demand)
+	for i := range e.table.shards {
+		sh := &e.table.shards[i]
+		sh.mu.Lock()
+		for id, d := range sh.demand {
+			if id < len(limits) {
+				limits[id].admitted += d.admitted
+				limits[id].rejected += d.rejected
+			}
+		}
+		clear(sh.demand)
+		for _, h := range sh.hot {
+			id := h.shares.id
+			if id >= len(named) {
+				continue
+			}
+			keys[keyID{id, h.name}] = &allot.Demand{Domain: named[id][0], Limit: named[id][1], Key: h.name,
+				Admitted: h.admitted, Rejected: h.rejected, NearLimit: true}
+		}
+		sh.hot = nil
+		sh.mu.Unlock()
+	}
+	var out []allot.Demand
+	for id, d := range limits {
+		if d.admitted > 0 || d.rejected > 0 {
+			out = append(out, allot.Demand{Domain: named[id][0], Limit: named[id][1], Admitted: d.admitted, Rejected: d.rejected})
+		}
+	}
+	for _, ds := range e.cfg.Load().list {
+		for _, ls := range ds.limits {
+			m := ls.shares.keys.Load()
+			if m == nil {
+				continue
+			}
+			for _, ks := range *m {
+				if k := (keyID{ls.shares.id, ks.name}); keys[k] == nil {
+					keys[k] = &allot.Demand{Domain: ds.d.Name, Limit: ls.l.Name, Key: ks.name}
+				}
+			}
+		}
+	}
+	for _, d := range keys {
+		out = append(out, *d)
+	}
+	slices.SortFunc(out, func(a, b allot.Demand) int {
+		return cmp.Or(cmp.Compare(a.Domain, b.Domain), cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Key, b.Key))
+	})
+	return out
 }
 
 // Stats are the engine's counters.

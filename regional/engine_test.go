@@ -427,3 +427,45 @@ func TestKeyStringRoundTrip(t *testing.T) {
 		t.Fatalf("removing the hot key share: %v, share %v", err, e.Share("api", "per-route", key))
 	}
 }
+
+func TestDemandDrainsCounts(t *testing.T) {
+	e := New(mustConfig(t, `
+domain: api
+limits:
+  - {name: per-user, match: {user: "*"}, rate: 10/s}
+  - {name: per-tenant, match: {tenant: "*"}, rate: 1000/s}
+`), Options{})
+	var dec allot.Decision
+	acme := func(u string) allot.Descriptor {
+		return allot.Descriptor{{Key: "tenant", Value: "acme"}, {Key: "user", Value: u}}
+	}
+	for range 12 { // user 1: 10 admitted, 2 rejected: hot
+		if err := e.Check(t0, "api", acme("1"), 1, &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Check(t0, "api", acme("2"), 3, &dec); err != nil { // user 2: 3 of 10, not hot
+		t.Fatal(err)
+	}
+	if err := e.SetKeyShare(t0, "api", "per-user", "per-user:user=3", 0.5); err != nil {
+		t.Fatal(err)
+	}
+	got := e.Demand()
+	want := []allot.Demand{
+		{Domain: "api", Limit: "per-tenant", Admitted: 13, Rejected: 2},
+		{Domain: "api", Limit: "per-user", Admitted: 13, Rejected: 2},
+		{Domain: "api", Limit: "per-user", Key: "per-user:user=1", Admitted: 2, Rejected: 2, NearLimit: true}, // from the 9th, which left 1,
+		{Domain: "api", Limit: "per-user", Key: "per-user:user=3"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("demand: got %+v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("demand[%d]: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if again := e.Demand(); len(again) != 1 || again[0].Key != "per-user:user=3" {
+		t.Fatalf("a second drain: %+v, want only the key with its own share", again)
+	}
+}

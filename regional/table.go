@@ -21,7 +21,31 @@ type shard struct {
 	n     int    // occupied slots
 	max   int    // occupied slots allowed before eviction
 	stats tableStats
-	_     [64]byte // keep neighbouring shards' locks off one cache line
+	// demand counts cost per limit (by limitShares.id) since the last
+	// Engine.Demand; hot counts it per hot key.
+	demand []demand
+	hot    map[uint64]*hotKey
+	_      [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+type demand struct{ admitted, rejected float64 }
+
+// hotKey is a key that was rejected or near its allowance since the last
+// Engine.Demand: its traffic is counted on its own.
+type hotKey struct {
+	shares             *limitShares
+	name               string // as KeyString names it
+	admitted, rejected float64
+}
+
+// maxHotPerShard bounds the hot keys one shard counts between two drains.
+const maxHotPerShard = 256
+
+func (s *shard) demandOf(id int) *demand {
+	if id >= len(s.demand) {
+		s.demand = append(s.demand, make([]demand, id+1-len(s.demand))...)
+	}
+	return &s.demand[id]
 }
 
 type tableStats struct {
