@@ -26,6 +26,7 @@ lint:
 ## fuzz: a short run of every decoder's fuzz test
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s .
+	$(GO) test -run='^$$' -fuzz=FuzzParseEnvoyConfig -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=30s ./crdt
 
 ## dev: the embedded default (gRPC 127.0.0.1:8081, HTTP 127.0.0.1:8080)

@@ -178,7 +178,11 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 			p.yamlError(err)
 			break
 		}
-		d := p.domain(&doc)
+		read := p.domain
+		if isEnvoyDocument(&doc) {
+			read = p.envoyDomain // written for Envoy's rate limit service
+		}
+		d := read(&doc)
 		if d == nil {
 			continue
 		}

@@ -47,7 +47,10 @@ func startAllot(t *testing.T, bin string, args ...string) (*exec.Cmd, string) {
 			t.Logf("allot stderr:\n%s", stderr.String())
 		}
 	})
-	re := regexp.MustCompile(`HTTP  http://(\S+)`)
+	re := regexp.MustCompile(`HTTP\s+http://(\S+)`)
+	// Give up (and so unblock the scan) if no banner comes.
+	timer := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
+	defer timer.Stop()
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if m := re.FindStringSubmatch(sc.Text()); m != nil {
@@ -138,7 +141,8 @@ func TestDevServesTheExample(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildAllot(t)
-	_, addr := startAllot(t, bin, "dev", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	_, addr := startAllot(t, bin, "dev", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--coordinator-addr", "127.0.0.1:0", "--etcd-addr", "127.0.0.1:0")
 	codes := []int{}
 	for range 6 {
 		codes = append(codes, check(t, addr, "42"))

@@ -34,10 +34,12 @@ func main() {
 const usage = `usage: allot COMMAND [flags]
 
 commands:
-  dev        the embedded default: serve the built-in example limits on 127.0.0.1
+  dev        the embedded default: etcd, a coordinator and three regions in one process
+  coordinator  lead domains through etcd and split their limits among regions
   regional   serve one region's enforcer (gRPC, Envoy's rate limit API, HTTP)
   check      play requests against the in-memory engine and print each decision
   validate   check a limits file; every error names the file, line and field
+  bench      put a load of checks on a server and print throughput and latency
 
 Run "allot COMMAND -h" for a command's flags.
 `
@@ -52,8 +54,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runDev(ctx, args[1:], stdout, stderr)
 	case "regional":
 		return runRegional(ctx, args[1:], stdout, stderr)
+	case "coordinator":
+		return runCoordinator(ctx, args[1:], stdout, stderr)
 	case "check":
 		return runCheck(ctx, args[1:], stdout, stderr)
+	case "bench":
+		return runBench(ctx, args[1:], stdout, stderr)
 	case "validate":
 		return runValidate(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":

@@ -10,9 +10,11 @@ import (
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// RegisterGRPC registers the service's gRPC APIs on gs.
+// RegisterGRPC registers the service's gRPC APIs on gs: allot.v1.RateLimiter
+// and Envoy's envoy.service.ratelimit.v3.RateLimitService.
 func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) {
 	allotv1.RegisterRateLimiterServer(gs, rateLimiter{s: s})
+	registerEnvoy(gs, s)
 }
 
 type rateLimiter struct {

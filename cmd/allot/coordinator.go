@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/coordinator/etcdstore"
+	"github.com/allot-dev/allot/coordinator/service"
+	"github.com/allot-dev/allot/deploy/examples"
+)
+
+// coordinatorFlags are the flags of `allot coordinator`.
+type coordinatorFlags struct {
+	etcd      string
+	domains   string
+	config    string
+	grpcAddr  string
+	httpAddr  string
+	advertise string
+	period    time.Duration
+	logLevel  string
+}
+
+func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("allot coordinator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f coordinatorFlags
+	fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (required)")
+	fs.StringVar(&f.domains, "domains", "", "domains to coordinate, comma-separated (default: every domain of the config)")
+	fs.StringVar(&f.config, "config", "", "limits file; default: the config stored in etcd, else the built-in "+examples.LimitsName)
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8070", "gRPC listen address (allot.v1.Coordinator)")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8071", "HTTP listen address (/metrics, /healthz)")
+	fs.StringVar(&f.advertise, "advertise", "", "address regions reach this coordinator at (default: the gRPC listen address)")
+	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often shares are recomputed")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: allot coordinator --etcd ENDPOINTS [flags]\n\nCampaigns in etcd to lead each domain and, while leading, splits its limits among regions.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if f.etcd == "" {
+		return errors.New("coordinator: --etcd is required")
+	}
+	log, err := (&regionFlags{logLevel: f.logLevel}).logger(stderr)
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(f.etcd, ","), DialTimeout: 5 * time.Second})
+	if err != nil {
+		return fmt.Errorf("coordinator: etcd: %w", err)
+	}
+	defer cli.Close()
+	store := etcdstore.New(cli, "")
+	cfg, err := fleetConfig(ctx, store, f.config)
+	if err != nil {
+		return err
+	}
+	gl, err := net.Listen("tcp", f.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("coordinator: grpc listen: %w", err)
+	}
+	hl, err := net.Listen("tcp", f.httpAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("coordinator: http listen: %w", err)
+	}
+	if f.advertise == "" {
+		f.advertise = gl.Addr().String()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var domains []string
+	if f.domains != "" {
+		domains = strings.Split(f.domains, ",")
+	}
+	srv, err := service.New(service.Options{
+		Store: store, Config: cfg, Domains: domains, Advertise: f.advertise,
+		Coordinator: coordinator.Config{Period: f.period},
+		Logger:      log, Registry: reg,
+	})
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer()
+	srv.Register(gs)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go gs.Serve(gl)
+	go hs.Serve(hl)
+	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s), HTTP http://%s, etcd %s\n", gl.Addr(), f.advertise, hl.Addr(), f.etcd)
+	err = srv.Run(ctx)
+	gs.GracefulStop()
+	hs.Close()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// fleetConfig is the limits configuration of a fleet: the file when one
+// is given, else the one stored in etcd, else the built-in example.
+func fleetConfig(ctx context.Context, store *etcdstore.Store, path string) (*allot.Config, error) {
+	if path != "" {
+		return allot.LoadConfigFile(path)
+	}
+	yaml, _, err := store.Config(ctx)
+	switch {
+	case errors.Is(err, etcdstore.ErrNoConfig):
+		return loadConfig("")
+	case err != nil:
+		return nil, fmt.Errorf("read the config from etcd: %w", err)
+	}
+	return allot.ParseConfig("etcd:config", yaml)
+}

@@ -1,0 +1,177 @@
+package coordinator
+
+import (
+	"errors"
+	"time"
+)
+
+// Errors for bad input. Nothing of a message is applied when one is
+// returned; the Coordinator counts them in Stats.Rejected.
+var (
+	// ErrBadConfig is returned by New and NewApplier for a configuration or
+	// persisted records they cannot start from.
+	ErrBadConfig = errors.New("coordinator: bad config")
+	// ErrUnknownDomain is returned for a message of another domain.
+	ErrUnknownDomain = errors.New("coordinator: unknown domain")
+	// ErrUnknownRegion is returned for a message from or to a region the
+	// domain does not declare (or, by an Applier, for another region).
+	ErrUnknownRegion = errors.New("coordinator: unknown region")
+	// ErrUnknownLimit is returned for a report or an assignment naming a
+	// limit the domain lacks.
+	ErrUnknownLimit = errors.New("coordinator: unknown limit")
+	// ErrBadValue is returned for an amount that is negative, NaN, infinite
+	// or above allot.MaxAmount, a share outside [0, 1] (other than Follow
+	// for a key), or an empty key.
+	ErrBadValue = errors.New("coordinator: bad value")
+	// ErrStale is returned for a report not later than the region's
+	// previous one, an ack of an older term, and by an Applier for an
+	// assignment older than the one it applied.
+	ErrStale = errors.New("coordinator: stale message")
+	// ErrBadVersion is returned for an ack of an assignment that was never
+	// sent: a later term, or a version above the latest.
+	ErrBadVersion = errors.New("coordinator: ack of an assignment never sent")
+)
+
+// Follow is the share value that makes a hot key follow its limit's
+// default vector again (regional.Engine.SetKeyShare removes the key's own
+// share for any negative value).
+const Follow = -1.0
+
+// Message is what a driver passes to Coordinator.Step: a Report or an Ack.
+type Message interface{ message() }
+
+// Report is one region's demand since its previous report, sent every
+// report interval (about 1 s). A region reports every limit with traffic
+// and, in Keys, every key it holds a share of its own for, plus every key
+// that is near its allowance or had rejections: the coordinator tracks only
+// the latter (hot keys), so its memory grows with hot keys, not all keys.
+type Report struct {
+	Domain string
+	Region string
+	// At is when the region built the report; each report of a region must
+	// be later than its previous one (duplicates and reordered reports are
+	// refused, so demand is counted once).
+	At     time.Time
+	Limits []LimitDemand
+}
+
+// LimitDemand is a region's traffic for one limit since its previous report.
+type LimitDemand struct {
+	Limit    string
+	Admitted float64 // cost admitted, all keys of the limit
+	Rejected float64 // cost rejected
+	Keys     []KeyDemand
+}
+
+// KeyDemand is a region's traffic for one key of a limit.
+type KeyDemand struct {
+	Key      string // as regional.KeyString names it; unique within the limit
+	Admitted float64
+	Rejected float64
+	// NearLimit says the key used most of its allowance in this region.
+	// A key is hot while some region reports it near its limit or with
+	// rejections.
+	NearLimit bool
+}
+
+// Ack tells the coordinator that Region applied the assignment of Term and
+// Version, and so will never apply an older one.
+type Ack struct {
+	Domain  string
+	Region  string
+	Term    int64
+	Version uint64
+}
+
+func (Report) message() {}
+func (Ack) message()    {}
+
+// Assignment is a message from the coordinator to one region: the shares
+// it must apply. Term is the leader's election revision; Version increases
+// with every assignment of the term (across regions). An assignment carries
+// every share of the region that the region has not acknowledged yet, so
+// one that is lost, late or duplicated does no harm: a region applies only
+// an assignment later than every one it applied (see Applier).
+type Assignment struct {
+	Domain  string
+	Region  string
+	Term    int64
+	Version uint64
+	Shares  []Share
+}
+
+// Share is the region's share of a limit's default vector (Key empty) or
+// of one hot key. Value is in [0, 1], or Follow for a key.
+type Share struct {
+	Limit string
+	Key   string
+	Value float64
+}
+
+// Snapshot is the persisted state of a domain's assignments, which a new
+// leader (see New) and a restarting region (see NewApplier) start from:
+// the latest Record of every vector, and the Term and Version of the
+// latest Ready that persisted any record. The zero Snapshot is a domain
+// that never had an assignment.
+type Snapshot struct {
+	Term    int64
+	Version uint64
+	Records []Record
+}
+
+// Record is the persisted state of one share vector: a limit's default
+// vector (Key empty) or a hot key's. A Record without Cells deletes the
+// vector's record: every region follows the default vector for that key
+// again.
+type Record struct {
+	Limit string
+	Key   string
+	Cells []Cell
+}
+
+// Cell is one region's part of a Record.
+type Cell struct {
+	Region string
+	// Share is the latest share sent to the region (Follow for a key that
+	// follows the default vector).
+	Share float64
+	// Bound is at least every share of its own (not Follow) the region may
+	// still be applying, as far as the leader knew when it wrote the
+	// record, and at least Share. A key's region may also be following the
+	// default vector, whose record bounds that.
+	Bound float64
+}
+
+// Ready is what a Step or Tick asks the driver to do, in this order:
+//
+//  1. If Persist is not empty, persist every Record, replacing the
+//     vector's previous record (or deleting it, for a Record without
+//     Cells), and with them Term and Version: durably, and with a write
+//     fenced by the leader's term (an etcd transaction that succeeds only
+//     while the leader's election key has revision Term).
+//  2. Only then send every Assignment to its region.
+//
+// If persisting fails, the driver must not send, and must drop this
+// Coordinator: a new leader (maybe this process again, under a new term)
+// starts from what was persisted. Sends may be lost, late or duplicated.
+// The zero Ready asks for nothing.
+type Ready struct {
+	Term    int64
+	Version uint64 // every assignment of this Ready or earlier has a version ≤ Version
+	Persist []Record
+	Send    []Assignment
+}
+
+// Stats are a Coordinator's counters and gauges, for metrics.
+type Stats struct {
+	Term       int64
+	Version    uint64 // of the latest assignment sent
+	HotKeys    int    // hot keys tracked, over all limits
+	Reports    uint64 // reports applied
+	Acks       uint64 // acks applied (including those of superseded assignments)
+	Rebalances uint64
+	Rejected   uint64 // reports and acks refused with an error
+	// DroppedKeys counts hot keys not tracked because Config.MaxHotKeys
+	// was reached; they follow their limit's default vector.
+	DroppedKeys uint64
+}

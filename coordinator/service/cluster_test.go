@@ -1,0 +1,279 @@
+package service_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/coordinator/etcdstore"
+	"github.com/allot-dev/allot/coordinator/service"
+	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/coordclient"
+)
+
+const clusterConfig = `
+domain: api
+regions: [us-east, eu-west, ap-south]
+limits:
+  - {name: global, match: {}, rate: 100000/1s, floors: {us-east: 0.1, eu-west: 0.1, ap-south: 0.1}}
+`
+
+var regions = []string{"us-east", "eu-west", "ap-south"}
+
+const period = 300 * time.Millisecond
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	client, peer := "http://"+freeAddr(t), "http://"+freeAddr(t)
+	e, err := etcdstore.StartEmbedded(t.TempDir(), client, peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return client
+}
+
+func etcdClient(t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli
+}
+
+type coord struct {
+	addr string
+	srv  *service.Server
+	stop func() // a crash: no resignation, the session expires
+}
+
+func startCoordinator(t *testing.T, endpoint string, cfg *allot.Config) *coord {
+	t.Helper()
+	cli := etcdClient(t, endpoint)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := service.New(service.Options{
+		Store: etcdstore.New(cli, "", etcdstore.WithSessionTTL(2*time.Second)), Config: cfg,
+		Advertise: l.Addr().String(), TickEvery: 20 * time.Millisecond,
+		Coordinator: coordinator.Config{Period: period, HalfLife: 200 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	srv.Register(gs)
+	go gs.Serve(l)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Run(ctx); close(done) }()
+	var once sync.Once
+	c := &coord{addr: l.Addr().String(), srv: srv, stop: func() {
+		once.Do(func() {
+			cli.Close()
+			cancel()
+			gs.Stop()
+			<-done
+		})
+	}}
+	t.Cleanup(c.stop)
+	return c
+}
+
+type region struct {
+	name   string
+	engine *regional.Engine
+	stop   func()
+}
+
+func startRegion(t *testing.T, name string, cfg *allot.Config, addrs []string, store *etcdstore.Store) *region {
+	t.Helper()
+	e := regional.New(cfg, regional.Options{})
+	c, err := coordclient.New(coordclient.Options{
+		Region: name, Engine: e, Addrs: addrs, Snapshot: store.Snapshot, ReportEvery: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	var once sync.Once
+	r := &region{name: name, engine: e, stop: func() { once.Do(func() { cancel(); <-done; c.Close() }) }}
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *region) share() float64 { return r.engine.Share("api", "global", "") }
+
+// load sends traffic to the regions marked active, deciding every 2 ms,
+// and counts any error: a region must keep deciding whatever happens to
+// the coordinators.
+type load struct {
+	active sync.Map // region name → bool
+	errs   atomic.Int64
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func startLoad(t *testing.T, rs []*region) *load {
+	l := &load{stop: make(chan struct{})}
+	for _, r := range rs {
+		l.wg.Go(func() {
+			var dec allot.Decision
+			tick := time.NewTicker(2 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-l.stop:
+					return
+				case <-tick.C:
+				}
+				if on, _ := l.active.Load(r.name); on != true {
+					continue
+				}
+				if err := r.engine.Check(time.Now(), "api", allot.Descriptor{{Key: "user", Value: "1"}}, 100, &dec); err != nil {
+					l.errs.Add(1)
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { close(l.stop); l.wg.Wait() })
+	return l
+}
+
+// waitShares polls until want holds, checking at every poll that the
+// shares applied by the regions sum to at most 1.
+func waitShares(t *testing.T, rs []*region, what string, within time.Duration, want func(s []float64) bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		s := make([]float64, len(rs))
+		sum := 0.0
+		for i, r := range rs {
+			s[i] = r.share()
+			sum += s[i]
+		}
+		if sum > 1+1e-9 {
+			t.Fatalf("%s: applied shares %v sum to %v > 1", what, s, sum)
+		}
+		if want(s) {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %v; shares %v", what, within, s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestCoordinatedRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs etcd, two coordinators and three regions")
+	}
+	cfg, err := allot.ParseConfig("cluster.yaml", []byte(clusterConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := startEtcd(t)
+	a := startCoordinator(t, endpoint, cfg)
+	b := startCoordinator(t, endpoint, cfg)
+	addrs := []string{a.addr, b.addr}
+	store := etcdstore.New(etcdClient(t, endpoint), "")
+
+	var rs []*region
+	for _, name := range regions {
+		rs = append(rs, startRegion(t, name, cfg, addrs, store))
+	}
+	// Before any assignment: the initial split, 1/3 each.
+	waitShares(t, rs, "initial split", 5*time.Second, func(s []float64) bool {
+		return near(s[0], 1.0/3) && near(s[1], 1.0/3) && near(s[2], 1.0/3)
+	})
+
+	traffic := startLoad(t, rs)
+	traffic.active.Store("us-east", true)
+	took := waitShares(t, rs, "demand in us-east", 10*time.Second, func(s []float64) bool {
+		return near(s[0], 0.8) && near(s[1], 0.1) && near(s[2], 0.1)
+	})
+	t.Logf("us-east took its share in %v (%.1f periods)", took, float64(took)/float64(period))
+
+	// The leader dies; the standby takes over and regions keep deciding.
+	leader, standby := a, b
+	if b.srv.Leading("api") {
+		leader, standby = b, a
+	}
+	leader.stop()
+	start := time.Now()
+	for !standby.srv.Leading("api") {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the standby did not take over within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("standby led %v after the leader died (session TTL 2s)", time.Since(start))
+
+	// Demand moves from us-east to eu-west.
+	traffic.active.Store("us-east", false)
+	traffic.active.Store("eu-west", true)
+	took = waitShares(t, rs, "demand shift to eu-west", 10*time.Second, func(s []float64) bool {
+		return near(s[1], 0.8) && near(s[0], 0.1)
+	})
+	t.Logf("after a 100%% demand shift, shares were within 0.05 of ideal in %v (%.1f periods)", took, float64(took)/float64(period))
+
+	// ap-south is cut off: it keeps its share; the others rebalance.
+	rs[2].stop()
+	frozen := rs[2].share()
+	traffic.active.Store("eu-west", false)
+	traffic.active.Store("us-east", true)
+	waitShares(t, rs, "rebalance without ap-south", 15*time.Second, func(s []float64) bool {
+		return near(s[0], 0.8) && near(s[1], 0.1)
+	})
+	if got := rs[2].share(); got != frozen {
+		t.Fatalf("the cut-off region's share moved from %v to %v", frozen, got)
+	}
+	if n := traffic.errs.Load(); n != 0 {
+		t.Fatalf("%d decisions failed while coordinators failed over", n)
+	}
+
+	// Everything restarts: regions resume from the persisted assignment,
+	// not from the initial split.
+	for _, r := range rs {
+		r.stop()
+	}
+	standby.stop()
+	want := []float64{rs[0].share(), rs[1].share()}
+	c := startCoordinator(t, endpoint, cfg)
+	var again []*region
+	for _, name := range regions[:2] {
+		again = append(again, startRegion(t, name, cfg, []string{c.addr}, store))
+	}
+	waitShares(t, again, "shares after a full restart", 5*time.Second, func(s []float64) bool {
+		return near(s[0], want[0]) && near(s[1], want[1])
+	})
+}
+
+func near(a, b float64) bool { return a-b < 0.05 && b-a < 0.05 }

@@ -1,0 +1,260 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/coordinator/etcdstore"
+	"github.com/allot-dev/allot/coordinator/wire"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// Options configure a Server.
+type Options struct {
+	Store *etcdstore.Store
+	// Config holds the domains; Domains selects those to coordinate
+	// (default: every domain of Config).
+	Config  *allot.Config
+	Domains []string
+	// Advertise is the gRPC address regions reach this server at; it is
+	// the value of the election key, so followers can name the leader.
+	Advertise string
+	// Coordinator is the template of every domain's coordinator.Config
+	// (Domain and Term are filled in).
+	Coordinator coordinator.Config
+	// TickEvery is how often the driver ticks the coordinator (default
+	// 100ms; it rebalances every Coordinator.Period).
+	TickEvery time.Duration
+	Logger    *slog.Logger
+	Registry  prometheus.Registerer
+	Now       func() time.Time
+}
+
+// Server serves allot.v1.Coordinator. Safe for concurrent use.
+type Server struct {
+	allotv1.UnimplementedCoordinatorServer
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+
+	mu      sync.Mutex
+	leading map[string]*driver // domain → its driver, while this server leads it
+}
+
+// New checks opts and returns a Server; Run makes it campaign.
+func New(opts Options) (*Server, error) {
+	if opts.Store == nil || opts.Config == nil {
+		return nil, errors.New("service: Store and Config are required")
+	}
+	if len(opts.Domains) == 0 {
+		for _, d := range opts.Config.Domains {
+			opts.Domains = append(opts.Domains, d.Name)
+		}
+	}
+	for _, name := range opts.Domains {
+		d := opts.Config.Domain(name)
+		if d == nil {
+			return nil, fmt.Errorf("service: unknown domain %q", name)
+		}
+		if len(d.Regions) == 0 {
+			return nil, fmt.Errorf("service: domain %q declares no regions to coordinate", name)
+		}
+	}
+	if opts.TickEvery <= 0 {
+		opts.TickEvery = 100 * time.Millisecond
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Server{
+		opts:    opts,
+		log:     opts.Logger,
+		metrics: newMetrics(opts.Registry),
+		leading: make(map[string]*driver),
+	}, nil
+}
+
+// Register registers the Coordinator service on gs.
+func (s *Server) Register(gs grpc.ServiceRegistrar) { allotv1.RegisterCoordinatorServer(gs, s) }
+
+// Run campaigns for every domain until ctx ends, leading those it wins.
+func (s *Server) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, name := range s.opts.Domains {
+		wg.Go(func() { s.campaign(ctx, name) })
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// Leading reports whether the server leads domain now.
+func (s *Server) Leading(domain string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leading[domain] != nil
+}
+
+func (s *Server) campaign(ctx context.Context, domain string) {
+	log := s.log.With("domain", domain)
+	for ctx.Err() == nil {
+		lead, err := s.opts.Store.Campaign(ctx, domain, s.opts.Advertise)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("campaign failed; retrying", "err", err)
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		if err := s.lead(ctx, domain, lead); err != nil && ctx.Err() == nil {
+			log.Warn("stepped down", "err", err)
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		lead.Resign(rctx)
+		cancel()
+	}
+}
+
+// lead drives domain while lead holds.
+func (s *Server) lead(ctx context.Context, domain string, lead *etcdstore.Leadership) error {
+	snap, err := s.opts.Store.Snapshot(ctx, domain)
+	if err != nil {
+		return fmt.Errorf("read assignments: %w", err)
+	}
+	cfg := s.opts.Coordinator
+	cfg.Domain, cfg.Term = s.opts.Config.Domain(domain), lead.Term
+	co, err := coordinator.New(s.opts.Now(), cfg, snap)
+	if err != nil {
+		return err
+	}
+	d := &driver{
+		s: s, domain: domain, lead: lead, co: co,
+		inbox:   make(chan coordinator.Message, 1024),
+		streams: make(map[string]*regionStream),
+		done:    make(chan struct{}),
+	}
+	s.mu.Lock()
+	s.leading[domain] = d
+	s.mu.Unlock()
+	s.metrics.leader(domain, true)
+	s.log.Info("leading", "domain", domain, "term", lead.Term, "version", snap.Version, "records", len(snap.Records))
+	defer func() {
+		s.mu.Lock()
+		delete(s.leading, domain)
+		s.mu.Unlock()
+		s.metrics.leader(domain, false)
+		close(d.done)
+	}()
+	return d.run(ctx)
+}
+
+func (s *Server) driverOf(domain string) *driver {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leading[domain]
+}
+
+// Connect serves one region's stream for one domain.
+func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
+	}
+	d := s.driverOf(hello.GetDomain())
+	if d == nil {
+		return s.notLeader(stream.Context(), hello.GetDomain())
+	}
+	if !contains(s.opts.Config.Domain(d.domain).Regions, hello.GetRegion()) {
+		s.metrics.rejected(hello.GetDomain(), "unknown_region")
+		return status.Errorf(codes.InvalidArgument, "region %q is not a region of domain %q", hello.GetRegion(), hello.GetDomain())
+	}
+	rs := d.attach(hello.GetRegion())
+	defer d.detach(rs)
+	if hello.GetTerm() == d.lead.Term && hello.GetVersion() > 0 {
+		// The region applied an assignment of this term: count it as acked.
+		d.post(coordinator.Ack{Domain: d.domain, Region: rs.region, Term: hello.GetTerm(), Version: hello.GetVersion()})
+	}
+	errc := make(chan error, 2)
+	go func() {
+		for {
+			select {
+			case m := <-rs.out:
+				if err := stream.Send(m); err != nil {
+					errc <- err
+					return
+				}
+			case <-rs.closed:
+				errc <- status.Errorf(codes.Unavailable, "leadership of domain %q moved; reconnect", d.domain)
+				return
+			case <-stream.Context().Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			msg, err := wire.FromRegion(d.domain, rs.region, m)
+			if err != nil {
+				s.metrics.rejected(d.domain, "malformed")
+				rs.reject(err)
+				continue
+			}
+			d.post(msg)
+		}
+	}()
+	err = <-errc
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) notLeader(ctx context.Context, domain string) error {
+	if !contains(s.opts.Domains, domain) {
+		return status.Errorf(codes.NotFound, "this coordinator does not coordinate domain %q", domain)
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	leader, err := s.opts.Store.Leader(lctx, domain)
+	if err != nil || leader == "" {
+		return status.Errorf(codes.Unavailable, "not the leader of domain %q; no leader known yet", domain)
+	}
+	return status.Errorf(codes.Unavailable, "not the leader of domain %q; leader: %s", domain, leader)
+}
+
+func contains(list []string, s string) bool {
+	return slices.Contains(list, s)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
