@@ -2,12 +2,15 @@ package service_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -77,7 +80,7 @@ func startCoordinator(t *testing.T, endpoint string, cfg *allot.Config) *coord {
 	srv, err := service.New(service.Options{
 		Store: etcdstore.New(cli, "", etcdstore.WithSessionTTL(2*time.Second)), Config: cfg,
 		Advertise: l.Addr().String(), TickEvery: 20 * time.Millisecond,
-		Coordinator: coordinator.Config{Period: period, HalfLife: 200 * time.Millisecond},
+		Coordinator: coordinator.Config{Period: period, HalfLife: period / 4, DeadAfter: time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -205,9 +208,27 @@ func TestCoordinatedRegions(t *testing.T) {
 	addrs := []string{a.addr, b.addr}
 	store := etcdstore.New(etcdClient(t, endpoint), "")
 
+	// ap-south reaches the coordinators through proxies that the test
+	// cuts: a partition between a region and the coordinators.
+	tox := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	var cuts []*toxiproxy.Proxy
+	var viaProxy []string
+	for i, addr := range addrs {
+		p := toxiproxy.NewProxy(tox, fmt.Sprintf("coordinator-%d", i), "127.0.0.1:0", addr)
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		cuts, viaProxy = append(cuts, p), append(viaProxy, p.Listen)
+	}
+	cut := proxies(cuts)
 	var rs []*region
 	for _, name := range regions {
-		rs = append(rs, startRegion(t, name, cfg, addrs, store))
+		to := addrs
+		if name == "ap-south" {
+			to = viaProxy
+		}
+		rs = append(rs, startRegion(t, name, cfg, to, store))
 	}
 	// Before any assignment: the initial split, 1/3 each.
 	waitShares(t, rs, "initial split", 5*time.Second, func(s []float64) bool {
@@ -221,21 +242,6 @@ func TestCoordinatedRegions(t *testing.T) {
 	})
 	t.Logf("us-east took its share in %v (%.1f periods)", took, float64(took)/float64(period))
 
-	// The leader dies; the standby takes over and regions keep deciding.
-	leader, standby := a, b
-	if b.srv.Leading("api") {
-		leader, standby = b, a
-	}
-	leader.stop()
-	start := time.Now()
-	for !standby.srv.Leading("api") {
-		if time.Since(start) > 10*time.Second {
-			t.Fatal("the standby did not take over within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Logf("standby led %v after the leader died (session TTL 2s)", time.Since(start))
-
 	// Demand moves from us-east to eu-west.
 	traffic.active.Store("us-east", false)
 	traffic.active.Store("eu-west", true)
@@ -244,17 +250,42 @@ func TestCoordinatedRegions(t *testing.T) {
 	})
 	t.Logf("after a 100%% demand shift, shares were within 0.05 of ideal in %v (%.1f periods)", took, float64(took)/float64(period))
 
-	// ap-south is cut off: it keeps its share; the others rebalance.
-	rs[2].stop()
+	// The leader dies; the standby takes over and regions keep deciding.
+	leader, standby := a, b
+	if b.srv.Leading("api") {
+		leader, standby = b, a
+	}
+	start := time.Now()
+	leader.stop()
+	for !standby.srv.Leading("api") {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the standby did not take over within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("standby led %v after the leader died (session TTL 2s)", time.Since(start))
+
+	// ap-south is cut off from the coordinators: it keeps its share and
+	// keeps deciding; the others rebalance among themselves.
+	cut.Stop()
 	frozen := rs[2].share()
 	traffic.active.Store("eu-west", false)
 	traffic.active.Store("us-east", true)
+	traffic.active.Store("ap-south", true)
 	waitShares(t, rs, "rebalance without ap-south", 15*time.Second, func(s []float64) bool {
-		return near(s[0], 0.8) && near(s[1], 0.1)
+		return s[0] > 0.75 && near(s[1], 0.1)
 	})
 	if got := rs[2].share(); got != frozen {
 		t.Fatalf("the cut-off region's share moved from %v to %v", frozen, got)
 	}
+	// Healed, ap-south's demand counts again: it gets a share of its own.
+	traffic.active.Store("us-east", false)
+	if err := cut.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitShares(t, rs, "ap-south healed", 15*time.Second, func(s []float64) bool {
+		return s[2] > 0.75
+	})
 	if n := traffic.errs.Load(); n != 0 {
 		t.Fatalf("%d decisions failed while coordinators failed over", n)
 	}
@@ -274,6 +305,24 @@ func TestCoordinatedRegions(t *testing.T) {
 	waitShares(t, again, "shares after a full restart", 5*time.Second, func(s []float64) bool {
 		return near(s[0], want[0]) && near(s[1], want[1])
 	})
+}
+
+// proxies cut and heal several toxiproxy proxies at once.
+type proxies []*toxiproxy.Proxy
+
+func (ps proxies) Stop() {
+	for _, p := range ps {
+		p.Stop()
+	}
+}
+
+func (ps proxies) Start() error {
+	for _, p := range ps {
+		if err := p.Start(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func near(a, b float64) bool { return a-b < 0.05 && b-a < 0.05 }
