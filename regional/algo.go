@@ -13,7 +13,7 @@ import (
 // Slot fields by algorithm:
 //
 //	token_bucket:   t = last refill (unix ns), a = tokens (may be < 0 after a forced charge)
-//	gcra:           t = theoretical arrival time (unix ns), b = last update (unix ns)
+//	gcra:           t = theoretical arrival time (unix ns), b = last update (unix ns, its int64 bits)
 //	sliding_window: t = current window start (unix ns), a = current count, b = previous count
 type params struct {
 	alg    allot.Algorithm
@@ -65,17 +65,22 @@ func fresh(s *slot, now int64, p params) {
 	case allot.TokenBucket:
 		s.t, s.a = now, p.burst
 	case allot.GCRA:
-		s.t, s.b = now, float64(now)
+		s.t, s.b = now, bitsOf(now)
 	case allot.SlidingWindow:
 		s.t, s.a, s.b = now-now%p.period, 0, 0
 	}
 	s.idleAt = now
 }
 
+// bitsOf keeps an instant in a float64 field bit for bit: a float64 of
+// unix nanoseconds would round it to 256 ns, and a key could then refill
+// from an instant that has not come yet.
+func bitsOf(t int64) float64 { return math.Float64frombits(uint64(t)) }
+
 // lastUpdate is when the state was last brought up to date.
 func lastUpdate(s *slot, alg allot.Algorithm) int64 {
 	if alg == allot.GCRA {
-		return int64(s.b)
+		return int64(math.Float64bits(s.b))
 	}
 	return s.t
 }
@@ -104,7 +109,7 @@ func setTokens(s *slot, t int64, tok float64, p params) {
 	case allot.TokenBucket:
 		s.t, s.a = t, tok
 	case allot.GCRA:
-		s.t, s.b = t+p.wait(p.burst-tok), float64(t)
+		s.t, s.b = t+p.wait(p.burst-tok), bitsOf(t)
 	}
 }
 
