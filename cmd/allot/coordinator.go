@@ -68,7 +68,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	defer cli.Close()
 	store := etcdstore.New(cli, "")
-	cfg, err := fleetConfig(ctx, store, f.config)
+	cfg, rev, err := fleetConfig(ctx, store, f.config)
 	if err != nil {
 		return err
 	}
@@ -107,6 +107,25 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	go gs.Serve(gl)
 	go hs.Serve(hl)
 	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s), HTTP http://%s, etcd %s\n", gl.Addr(), f.advertise, hl.Addr(), f.etcd)
+	if f.config == "" {
+		// The fleet's config lives in etcd: follow it. A bad one is refused
+		// and the one in force stays.
+		go store.WatchConfig(ctx, func(yaml []byte, at int64) {
+			if at == rev {
+				return // the one loaded at start
+			}
+			rev = at
+			next, err := allot.ParseConfig(fmt.Sprintf("etcd:config@%d", rev), yaml)
+			if err == nil {
+				err = srv.SetConfig(next)
+			}
+			if err != nil {
+				log.Error("config in etcd refused; the previous one stays in force", "revision", rev, "err", err)
+				return
+			}
+			log.Info("config from etcd in force", "revision", rev)
+		})
+	}
 	err = srv.Run(ctx)
 	gs.GracefulStop()
 	hs.Close()
@@ -117,17 +136,21 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 }
 
 // fleetConfig is the limits configuration of a fleet: the file when one
-// is given, else the one stored in etcd, else the built-in example.
-func fleetConfig(ctx context.Context, store *etcdstore.Store, path string) (*allot.Config, error) {
+// is given, else the one stored in etcd (with its revision), else the
+// built-in example.
+func fleetConfig(ctx context.Context, store *etcdstore.Store, path string) (*allot.Config, int64, error) {
 	if path != "" {
-		return allot.LoadConfigFile(path)
+		cfg, err := allot.LoadConfigFile(path)
+		return cfg, 0, err
 	}
-	yaml, _, err := store.Config(ctx)
+	yaml, rev, err := store.Config(ctx)
 	switch {
 	case errors.Is(err, etcdstore.ErrNoConfig):
-		return loadConfig("")
+		cfg, err := loadConfig("")
+		return cfg, 0, err
 	case err != nil:
-		return nil, fmt.Errorf("read the config from etcd: %w", err)
+		return nil, 0, fmt.Errorf("read the config from etcd: %w", err)
 	}
-	return allot.ParseConfig("etcd:config", yaml)
+	cfg, err := allot.ParseConfig(fmt.Sprintf("etcd:config@%d", rev), yaml)
+	return cfg, rev, err
 }

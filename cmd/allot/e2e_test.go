@@ -31,6 +31,7 @@ func buildAllot(t *testing.T) string {
 func startAllot(t *testing.T, bin string, args ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

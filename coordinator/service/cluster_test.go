@@ -326,3 +326,50 @@ func (ps proxies) Start() error {
 }
 
 func near(a, b float64) bool { return a-b < 0.05 && b-a < 0.05 }
+
+func TestSetConfigRestartsLeadership(t *testing.T) {
+	cfg, err := allot.ParseConfig("cluster.yaml", []byte(clusterConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := startEtcd(t)
+	c := startCoordinator(t, endpoint, cfg)
+	store := etcdstore.New(etcdClient(t, endpoint), "")
+	r := startRegion(t, "us-east", cfg, []string{c.addr}, store)
+	for _, name := range regions[1:] {
+		startRegion(t, name, cfg, []string{c.addr}, store)
+	}
+	startLoad(t, []*region{r}).active.Store("us-east", true) // demand makes the coordinator persist
+	waitTerm := func(after int64) int64 {
+		t.Helper()
+		for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+			if snap, err := store.Snapshot(context.Background(), "api"); err == nil && snap.Term > after {
+				return snap.Term
+			}
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("no assignment persisted by a term after %d", after)
+			}
+		}
+	}
+	term := waitTerm(0)
+	bad, err := allot.ParseConfig("other.yaml", []byte("domain: other\nregions: [a]\nlimits:\n  - {name: x, rate: 1/s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.srv.SetConfig(bad); err == nil {
+		t.Fatal("a config without the coordinated domain was taken")
+	}
+	next, err := allot.ParseConfig("cluster.yaml", []byte(clusterConfig+"  - {name: second, match: {user: \"*\"}, rate: 10/s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.srv.SetConfig(next); err != nil {
+		t.Fatal(err)
+	}
+	if later := waitTerm(term); later <= term {
+		t.Fatalf("term %d after the reload, was %d", later, term)
+	}
+	if got := r.share(); got <= 0 || got > 1 {
+		t.Fatalf("share after the reload: %v", got)
+	}
+}

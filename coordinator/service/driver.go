@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/coordinator"
@@ -19,6 +20,9 @@ type driver struct {
 	co     *coordinator.Coordinator // owned by run's goroutine
 	inbox  chan coordinator.Message
 	done   chan struct{} // closed when the driver stops
+
+	reload     chan struct{} // closed by SetConfig
+	reloadOnce sync.Once
 
 	streams map[string]*regionStream // guarded by s.mu
 }
@@ -91,6 +95,8 @@ func (d *driver) run(ctx context.Context) error {
 			return ctx.Err()
 		case <-d.lead.Done():
 			return fmt.Errorf("lost the leadership of %s (term %d)", d.domain, d.lead.Term)
+		case <-d.reload:
+			return errReload
 		case m := <-d.inbox:
 			var err error
 			rd, err = d.co.Step(d.s.opts.Now(), m)

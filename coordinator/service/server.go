@@ -51,8 +51,12 @@ type Server struct {
 	metrics *metrics
 
 	mu      sync.Mutex
+	cfg     *allot.Config      // the configuration in force (SetConfig replaces it)
 	leading map[string]*driver // domain → its driver, while this server leads it
 }
+
+// errReload stops a driver so that it starts again with a new configuration.
+var errReload = errors.New("service: configuration changed")
 
 // New checks opts and returns a Server; Run makes it campaign.
 func New(opts Options) (*Server, error) {
@@ -64,14 +68,8 @@ func New(opts Options) (*Server, error) {
 			opts.Domains = append(opts.Domains, d.Name)
 		}
 	}
-	for _, name := range opts.Domains {
-		d := opts.Config.Domain(name)
-		if d == nil {
-			return nil, fmt.Errorf("service: unknown domain %q", name)
-		}
-		if len(d.Regions) == 0 {
-			return nil, fmt.Errorf("service: domain %q declares no regions to coordinate", name)
-		}
+	if err := checkDomains(opts.Config, opts.Domains); err != nil {
+		return nil, err
 	}
 	if opts.TickEvery <= 0 {
 		opts.TickEvery = 100 * time.Millisecond
@@ -86,8 +84,45 @@ func New(opts Options) (*Server, error) {
 		opts:    opts,
 		log:     opts.Logger,
 		metrics: newMetrics(opts.Registry),
+		cfg:     opts.Config,
 		leading: make(map[string]*driver),
 	}, nil
+}
+
+func checkDomains(cfg *allot.Config, domains []string) error {
+	for _, name := range domains {
+		d := cfg.Domain(name)
+		if d == nil {
+			return fmt.Errorf("service: unknown domain %q", name)
+		}
+		if len(d.Regions) == 0 {
+			return fmt.Errorf("service: domain %q declares no regions to coordinate", name)
+		}
+	}
+	return nil
+}
+
+// SetConfig replaces the configuration. Every domain this server leads
+// steps down and campaigns again, so that its next term starts from the
+// persisted assignments with the new limits. A configuration that lacks a
+// coordinated domain is refused and the old one stays.
+func (s *Server) SetConfig(cfg *allot.Config) error {
+	if err := checkDomains(cfg, s.opts.Domains); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg = cfg
+	for _, d := range s.leading {
+		d.reloadOnce.Do(func() { close(d.reload) })
+	}
+	return nil
+}
+
+func (s *Server) config() *allot.Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg
 }
 
 // Register registers the Coordinator service on gs.
@@ -121,7 +156,12 @@ func (s *Server) campaign(ctx context.Context, domain string) {
 			}
 			continue
 		}
-		if err := s.lead(ctx, domain, lead); err != nil && ctx.Err() == nil {
+		// A new configuration takes a new term: the coordinator starts
+		// from what this term persisted, which only a later term may.
+		switch err := s.lead(ctx, domain, lead); {
+		case errors.Is(err, errReload):
+			log.Info("configuration changed; campaigning again to lead with it")
+		case err != nil && ctx.Err() == nil:
 			log.Warn("stepped down", "err", err)
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -137,7 +177,7 @@ func (s *Server) lead(ctx context.Context, domain string, lead *etcdstore.Leader
 		return fmt.Errorf("read assignments: %w", err)
 	}
 	cfg := s.opts.Coordinator
-	cfg.Domain, cfg.Term = s.opts.Config.Domain(domain), lead.Term
+	cfg.Domain, cfg.Term = s.config().Domain(domain), lead.Term
 	co, err := coordinator.New(s.opts.Now(), cfg, snap)
 	if err != nil {
 		return err
@@ -145,6 +185,7 @@ func (s *Server) lead(ctx context.Context, domain string, lead *etcdstore.Leader
 	d := &driver{
 		s: s, domain: domain, lead: lead, co: co,
 		inbox:   make(chan coordinator.Message, 1024),
+		reload:  make(chan struct{}),
 		streams: make(map[string]*regionStream),
 		done:    make(chan struct{}),
 	}
@@ -183,7 +224,7 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 	if d == nil {
 		return s.notLeader(stream.Context(), hello.GetDomain())
 	}
-	if !contains(s.opts.Config.Domain(d.domain).Regions, hello.GetRegion()) {
+	if !contains(s.config().Domain(d.domain).Regions, hello.GetRegion()) {
 		s.metrics.rejected(hello.GetDomain(), "unknown_region")
 		return status.Errorf(codes.InvalidArgument, "region %q is not a region of domain %q", hello.GetRegion(), hello.GetDomain())
 	}
