@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"context"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
@@ -90,6 +91,24 @@ func BenchmarkDecideParallel(b *testing.B) {
 			_ = e.Check(t0.Add(time.Duration(i)*time.Microsecond), "api", users[order[i&(len(order)-1)]], 1, &dec)
 		}
 	})
+}
+
+// BenchmarkEnforcerLeasedHot decides a hot leased key: from the lease, in
+// memory, with a store call per lease.
+func BenchmarkEnforcerLeasedHot(b *testing.B) {
+	cfg := mustConfig(b, `
+domain: api
+limits:
+  - {name: per-user, match: {user: "*"}, rate: 1000000/s, burst: 100000, enforcement: leased}
+`)
+	f := NewEnforcer(New(cfg, Options{}), &MemoryStore{}, EnforcerOptions{})
+	items := []Item{{Descriptor: user("42"), Hits: 1}}
+	dec := allot.Decision{Statuses: make([]allot.LimitStatus, 0, 4)}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		_ = f.CheckItems(ctx, t0.Add(time.Duration(i)*time.Microsecond), "api", items, &dec)
+	}
 }
 
 func BenchmarkBaselineXRateHot(b *testing.B) {

@@ -34,6 +34,9 @@ type work struct {
 	cost float64
 	same int // index of an earlier work on the same key, or -1
 	item int // index of the item it comes from
+	// skip leaves the work out of table.run: an unlimited limit, or a key
+	// decided elsewhere (the regional store, see Enforcer).
+	skip bool
 }
 
 // op is what a request does to its keys.
@@ -41,6 +44,7 @@ type op uint8
 
 const (
 	opCheck  op = iota // charge only if every limit admits
+	opTrial            // opCheck that keeps no demand: the Enforcer counts it
 	opForce            // charge every limit, even below zero
 	opRefund           // give back, up to full
 )
@@ -121,31 +125,46 @@ func (e *Engine) do(now time.Time, domain string, items []Item, o op, dec *allot
 	if err != nil || len(ws) == 0 {
 		return err
 	}
-	var ks [maxInline]uint64
-	keys := ks[:0]
-	for _, w := range ws {
-		if !w.ls.l.Unlimited {
-			keys = append(keys, w.key)
-		}
-	}
-	if len(keys) == 1 {
-		sh := &e.table.shards[shardOf(keys[0])]
-		sh.mu.Lock()
-		e.apply(now.UnixNano(), items, ws, dec.Statuses, o)
-		sh.mu.Unlock()
-	} else {
-		var locks lockSet
-		locks.lock(e.table, keys)
-		e.apply(now.UnixNano(), items, ws, dec.Statuses, o)
-		locks.unlock(e.table)
-	}
+	e.table.run(now.UnixNano(), items, ws, dec.Statuses, o)
+	fold(dec)
+	return nil
+}
+
+// fold sets a decision's verdict from its statuses: allowed unless a
+// non-shadow limit rejected, retry after the longest wait.
+func fold(dec *allot.Decision) {
+	dec.Allowed, dec.RetryAfter = true, 0
 	for i := range dec.Statuses {
 		if st := &dec.Statuses[i]; !st.Allowed && !st.Shadow {
 			dec.Allowed = false
 			dec.RetryAfter = max(dec.RetryAfter, st.RetryAfter)
 		}
 	}
-	return nil
+}
+
+// run locks the shards of the works that are not skipped and applies o to
+// them.
+func (t *table) run(now int64, items []Item, ws []work, sts []allot.LimitStatus, o op) {
+	var ks [maxInline]uint64
+	keys := ks[:0]
+	for i := range ws {
+		if !ws[i].skip {
+			keys = append(keys, ws[i].key)
+		}
+	}
+	switch len(keys) {
+	case 0:
+	case 1:
+		sh := &t.shards[shardOf(keys[0])]
+		sh.mu.Lock()
+		t.apply(now, items, ws, sts, o)
+		sh.mu.Unlock()
+	default:
+		var locks lockSet
+		locks.lock(t, keys)
+		t.apply(now, items, ws, sts, o)
+		locks.unlock(t)
+	}
 }
 
 // Validate reports the error CheckItems would return for a request,
@@ -190,7 +209,7 @@ func (e *Engine) plan(now time.Time, domain string, items []Item, o op, dec *all
 			case !l.Unlimited:
 				eff = ds.d.Effective(l, it.Descriptor, now)
 			}
-			w.p, w.cost, w.same, w.item = w.ls.base, float64(it.Hits), -1, i
+			w.p, w.cost, w.same, w.item, w.skip = w.ls.base, float64(it.Hits), -1, i, l.Unlimited
 			if eff.Rate != l.Rate || eff.Burst != l.Burst {
 				w.p = baseParams(l, eff)
 			}
@@ -308,20 +327,20 @@ func (e *Engine) adhocKey(ls *limitState, d allot.Descriptor) uint64 {
 // apply runs one operation on the works' keys; the caller holds their
 // shards' locks. sts[i] answers ws[i]; apply fills in the verdict and
 // the numbers.
-func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStatus, o op) {
+func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatus, o op) {
 	// Make room first: an eviction may move or drop slots, so no slot is
 	// held across it, nor across an insert, which may grow a shard.
 	for _, w := range ws {
-		if sh := &e.table.shards[shardOf(w.key)]; !w.ls.l.Unlimited && sh.n >= sh.max && sh.find(w.key) < 0 {
+		if sh := &t.shards[shardOf(w.key)]; !w.skip && sh.n >= sh.max && sh.find(w.key) < 0 {
 			sh.makeRoom(now)
 		}
 	}
 	for i := range ws {
 		w := &ws[i]
-		if w.ls.l.Unlimited {
+		if w.skip {
 			continue
 		}
-		sh := &e.table.shards[shardOf(w.key)]
+		sh := &t.shards[shardOf(w.key)]
 		hist := w.ls.shares.hist(w.key)
 		base := w.p
 		w.p = base.scaled(hist.current())
@@ -334,21 +353,21 @@ func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStat
 		}
 	}
 	slotOf := func(w *work) *slot {
-		sh := &e.table.shards[shardOf(w.key)]
+		sh := &t.shards[shardOf(w.key)]
 		return &sh.slots[sh.find(w.key)]
 	}
 
 	switch o {
 	case opForce:
 		for i := range ws {
-			if !ws[i].ls.l.Unlimited {
+			if !ws[i].skip {
 				report(&sts[i], take(slotOf(&ws[i]), now, ws[i].p, ws[i].cost, true))
 			}
 		}
 		return
 	case opRefund:
 		for i := range ws {
-			if w := &ws[i]; !w.ls.l.Unlimited {
+			if w := &ws[i]; !w.skip {
 				s := slotOf(w)
 				refund(s, now, w.p, w.cost)
 				report(&sts[i], take(s, now, w.p, 0, false))
@@ -357,9 +376,11 @@ func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStat
 		return
 	}
 	if len(ws) == 1 { // nothing else can reject: charge in place
-		if w := &ws[0]; !w.ls.l.Unlimited {
+		if w := &ws[0]; !w.skip {
 			report(&sts[0], take(slotOf(w), now, w.p, w.cost, false))
-			e.count(items, w, &sts[0], sts[0].Allowed || w.ls.l.Shadow)
+			if o == opCheck {
+				t.count(items, w, &sts[0], sts[0].Allowed || w.ls.l.Shadow)
+			}
 		}
 		return
 	}
@@ -369,7 +390,7 @@ func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStat
 	admit := true
 	for i := range ws {
 		w := &ws[i]
-		if w.ls.l.Unlimited {
+		if w.skip {
 			trials = append(trials, slot{})
 			continue
 		}
@@ -387,14 +408,16 @@ func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStat
 	for i := range ws {
 		w := &ws[i]
 		switch st := &sts[i]; {
-		case w.ls.l.Unlimited:
+		case w.skip:
 			continue
 		case admit && st.Allowed:
 			*slotOf(w) = trials[i] // a later work on the same key overwrites with its later trial
 		case st.Allowed: // another limit rejected: report the uncharged state
 			report(st, take(slotOf(w), now, w.p, 0, false))
 		}
-		e.count(items, w, &sts[i], admit)
+		if o == opCheck {
+			t.count(items, w, &sts[i], admit)
+		}
 	}
 }
 
@@ -402,12 +425,12 @@ func (e *Engine) apply(now int64, items []Item, ws []work, sts []allot.LimitStat
 // its key when the key is hot (rejected here, or left with a tenth of its
 // burst or less) or already counted as hot. The caller holds the shard's
 // lock.
-func (e *Engine) count(items []Item, w *work, st *allot.LimitStatus, admitted bool) {
+func (t *table) count(items []Item, w *work, st *allot.LimitStatus, admitted bool) {
 	id := w.ls.shares.id
 	if id < 0 {
 		return // a descriptor's own limit: not coordinated
 	}
-	sh := &e.table.shards[shardOf(w.key)]
+	sh := &t.shards[shardOf(w.key)]
 	d := sh.demandOf(id)
 	if admitted {
 		d.admitted += w.cost

@@ -39,6 +39,42 @@
 // parallel, and a check that touches several keys locks their shards in a
 // fixed order, so a multi-limit decision is atomic.
 //
+// Regional store: limits with enforcement leased or exact are shared by
+// the instances of a region through a Store (a regional Redis, see
+// regional/redisstore; MemoryStore for tests and the simulator). An
+// Enforcer wraps the Engine and the Store; domains without such limits go
+// straight to the Engine.
+//
+//   - exact: one Store.Take per request, all-or-nothing over its exact
+//     keys.
+//
+//   - leased: an instance takes leases of tokens from the store and spends
+//     them in memory; lease.go states their sizing and the bound, at most
+//     burst + rate·T + burst/2 over any interval T.
+//
+//   - A request that matches several limits is charged on all or none:
+//     local limits first, in the Engine, then leases, then the exact
+//     limits in one Take; when a later one rejects, the earlier charges,
+//     all in memory, are given back (refunds never exceed a full bucket).
+//     Take is atomic on one Redis server (one script over every key); on
+//     a Redis Cluster, whose scripts cannot span slots, regional/redisstore
+//     charges per key and gives back the partial charges of a rejected
+//     request, so concurrent requests may see a cost missing for a moment
+//     (they may reject more, never admit more).
+//
+//   - Every store call has a deadline (EnforcerOptions.StoreTimeout, 5ms);
+//     when it fails, each limit follows its on_failure: open allows, closed
+//     rejects, local decides in an in-process bucket of share ÷ instances,
+//     the instance count coming from heartbeats in the store.
+//     docs/adr/0001-regional-store-failure-policy.md says why.
+//
+//     f := regional.NewEnforcer(e, store, regional.EnforcerOptions{Region: "us-east", Instance: id})
+//     err := f.CheckItems(ctx, now, "api", items, &dec)
+//     // every few hundred ms: membership, expired leases
+//     f.Tick(ctx, now)
+//     // at shutdown: unused lease tokens go back
+//     f.Close(ctx, now)
+//
 // A driver (the gRPC/HTTP edge, or the simulator) calls it like this:
 //
 //	e := regional.New(cfg, regional.Options{})

@@ -96,6 +96,9 @@ type domainState struct {
 	limits []*limitState
 	byName map[string]*limitState
 	adhoc  *limitState // keys of descriptors that bring their own limit and match none
+	// stored says some limit is leased or exact: an Enforcer sends it to
+	// its store.
+	stored bool
 }
 
 type limitState struct {
@@ -222,6 +225,7 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 			}
 			ds.limits = append(ds.limits, ls)
 			ds.byName[l.Name] = ls
+			ds.stored = ds.stored || l.Enforcement != allot.Local && !l.Unlimited
 		}
 		ds.adhoc = &limitState{
 			l:      &allot.Limit{Name: adhocName, Algorithm: allot.SlidingWindow},

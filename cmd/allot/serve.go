@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -27,6 +29,7 @@ import (
 	"github.com/allot-dev/allot/deploy/examples"
 	"github.com/allot-dev/allot/regional"
 	"github.com/allot-dev/allot/regional/coordclient"
+	"github.com/allot-dev/allot/regional/redisstore"
 	"github.com/allot-dev/allot/regional/server"
 )
 
@@ -41,6 +44,9 @@ type regionFlags struct {
 	coordinators string
 	etcd         string
 	reportEvery  time.Duration
+	redis        string
+	redisCluster bool
+	storeTimeout time.Duration
 }
 
 func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
@@ -68,6 +74,9 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.region, "region", "", "name of the region this enforcer serves (required)")
 	fs.StringVar(&f.coordinators, "coordinator", "", "coordinators' gRPC addresses, comma-separated; without it the region holds whole limits")
 	fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated: the persisted assignment is applied at start")
+	fs.StringVar(&f.redis, "redis", "", "regional Redis for leased and exact limits: ADDR, or a Cluster's seed nodes ADDR,ADDR... with --redis-cluster; without it they are enforced in memory")
+	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "--redis names a Redis Cluster")
+	fs.DurationVar(&f.storeTimeout, "store-timeout", regional.DefaultStoreTimeout, "deadline of each regional store call on the request path; past it, a limit's on_failure decides")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot regional --config FILE --region NAME [flags]\n\nServes one region's enforcer. SIGHUP reloads --config; SIGINT/SIGTERM stop gracefully.")
 		fs.PrintDefaults()
@@ -104,6 +113,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), store: store, reportEvery: f.reportEvery, log: log,
+		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout,
 	})
 	if err != nil {
 		return err
@@ -122,6 +132,9 @@ type regionSpec struct {
 	store              *etcdstore.Store // nil: no persisted assignment to start from
 	reportEvery        time.Duration
 	log                *slog.Logger
+	redis              []string // the regional store; none: leased and exact limits in memory
+	redisCluster       bool
+	storeTimeout       time.Duration
 }
 
 // regionNode is one region's running enforcer.
@@ -135,6 +148,7 @@ type regionNode struct {
 	errc     chan error
 	stopLink context.CancelFunc
 	linkDone chan struct{}
+	stopRS   func() // gives leases back and closes the regional store
 }
 
 // startRegion serves one region: it listens, applies the persisted or
@@ -144,9 +158,19 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	engine := regional.New(spec.cfg, regional.Options{MaxKeys: spec.maxKeys})
-	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: log})
+	enforcer, stopRS, err := startRegionalStore(ctx, spec, engine, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			stopRS()
+		}
+	}()
+	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: log, Enforcer: enforcer})
 
-	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{})}
+	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS}
 	close(n.linkDone)
 	if len(spec.coordinators) > 0 {
 		opts := coordclient.Options{Region: spec.name, Engine: engine, Addrs: spec.coordinators, ReportEvery: spec.reportEvery, Logger: log, Registry: reg}
@@ -184,6 +208,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	go func() { n.errc <- n.gs.Serve(gl) }()
 	go func() { n.errc <- n.hs.Serve(hl) }()
 	log.Info("serving", "grpc", n.grpcAddr, "http", n.httpAddr, "coordinators", strings.Join(spec.coordinators, ","))
+	started = true
 	return n, nil
 }
 
@@ -201,7 +226,64 @@ func (n *regionNode) stop() error {
 	}
 	n.stopLink()
 	<-n.linkDone
+	n.stopRS()
 	return err
+}
+
+// startRegionalStore connects to the regional Redis, if any, and returns
+// the Enforcer that uses it, and a function that gives back its leases
+// and disconnects. It keeps the Enforcer's membership and leases up to
+// date until then.
+func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.Engine, reg prometheus.Registerer, log *slog.Logger) (*regional.Enforcer, func(), error) {
+	if len(spec.redis) == 0 {
+		for _, d := range spec.cfg.Domains {
+			for _, l := range d.Limits {
+				if l.Enforcement != allot.Local {
+					log.Info("no --redis: leased and exact limits are enforced in memory, per instance", "domain", d.Name, "limit", l.Name)
+				}
+			}
+		}
+		return nil, func() {}, nil
+	}
+	redis.SetLogger(redisLog{log}) // go-redis logs each failed dial: debug, not stderr
+	store, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
+		Prefix: redisstore.DefaultPrefix + spec.name + ":", Registry: reg, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := store.Ping(pctx); err != nil {
+		log.Warn("regional store unreachable at start; leased and exact limits follow on_failure until it answers", "redis", strings.Join(spec.redis, ","), "err", err)
+	}
+	cancel()
+	host, _ := os.Hostname()
+	f := regional.NewEnforcer(engine, store, regional.EnforcerOptions{Region: spec.name,
+		Instance: fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32()), StoreTimeout: spec.storeTimeout, Logger: log})
+	tctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			f.Tick(tctx, time.Now())
+			select {
+			case <-t.C:
+			case <-tctx.Done():
+				return
+			}
+		}
+	}()
+	return f, func() {
+		stop()
+		<-done
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := f.Close(cctx, time.Now()); err != nil {
+			log.Warn("regional store: leases not given back at shutdown", "err", err)
+		}
+		store.Close()
+	}, nil
 }
 
 // serveUntilDone reloads every node's config on SIGHUP and stops them when
@@ -248,6 +330,13 @@ func serveUntilDone(ctx context.Context, log *slog.Logger, configPath string, no
 			return stopAll()
 		}
 	}
+}
+
+// redisLog sends go-redis's own log lines to slog at debug level.
+type redisLog struct{ log *slog.Logger }
+
+func (r redisLog) Printf(_ context.Context, format string, v ...any) {
+	r.log.Debug(fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
 func printRegion(w io.Writer, n *regionNode, cfg *allot.Config) {

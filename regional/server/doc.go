@@ -14,6 +14,10 @@
 //	go gs.Serve(grpcListener)
 //	go http.Serve(httpListener, svc.HTTPHandler())
 //
+// With Options.Enforcer, domains that have leased or exact limits are
+// decided with the regional store (regional.Enforcer); the others, and
+// every domain without it, in the engine alone.
+//
 // Every method of a Service is safe for concurrent use. The wall clock is
 // read here, at the edge, and passed to the engine.
 //

@@ -69,8 +69,8 @@ type envoyService struct {
 }
 
 // ShouldRateLimit decides one request of Envoy's.
-func (e envoyService) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	resp, err := e.s.shouldRateLimit(req)
+func (e envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := e.s.shouldRateLimit(ctx, req)
 	if err != nil {
 		e.s.log.Debug("envoy check refused", "domain", req.GetDomain(), "err", err)
 		return nil, grpcError(err)
@@ -88,7 +88,7 @@ type envoyBatch struct {
 
 // shouldRateLimit decides req. Its errors are the server's and the
 // engine's, for grpcError; nothing is charged when it returns one.
-func (s *Service) shouldRateLimit(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	domain := req.GetDomain()
 	items, negative, err := envoyItems(req)
 	if err != nil {
@@ -111,9 +111,9 @@ func (s *Service) shouldRateLimit(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimit
 	}
 	if len(check.items) > 0 {
 		start := time.Now()
-		err := s.engine.CheckItems(now, domain, check.items, &check.dec)
+		err := s.checkItems(ctx, now, domain, check.items, &check.dec)
 		if errors.Is(err, regional.ErrCostAboveBurst) {
-			err = s.overBurst(now, domain, d, &check)
+			err = s.overBurst(ctx, now, domain, d, &check)
 		}
 		s.metrics.record(domain, &check.dec, err, time.Since(start))
 		if err != nil {
@@ -121,7 +121,7 @@ func (s *Service) shouldRateLimit(req *rlsv3.RateLimitRequest) (*rlsv3.RateLimit
 		}
 	}
 	if len(refund.items) > 0 { // a refund is no decision: only its errors count
-		if err := s.engine.RefundItems(now, domain, refund.items, &refund.dec); err != nil {
+		if err := s.refundItems(ctx, now, domain, refund.items, &refund.dec); err != nil {
 			s.metrics.record(domain, nil, err, 0)
 			return nil, err
 		}
@@ -235,8 +235,8 @@ func (s *Service) replaced(now time.Time, d *allot.Domain, items []regional.Item
 // overBurst answers a check that the engine refused because an item costs
 // more than a limit ever admits: it reports the state without charging,
 // each limit that cannot take its item's hits rejecting.
-func (s *Service) overBurst(now time.Time, domain string, d *allot.Domain, b *envoyBatch) error {
-	if err := s.engine.CheckItems(now, domain, checkOnly(b.items), &b.dec); err != nil {
+func (s *Service) overBurst(ctx context.Context, now time.Time, domain string, d *allot.Domain, b *envoyBatch) error {
+	if err := s.checkItems(ctx, now, domain, checkOnly(b.items), &b.dec); err != nil {
 		return err
 	}
 	for i := range b.dec.Statuses {

@@ -38,7 +38,7 @@ func (r rateLimiter) Check(ctx context.Context, req *allotv1.CheckRequest) (*all
 		}
 	}
 	decs := make([]allot.Decision, len(items))
-	if err := r.s.checkBatch(items, decs); err != nil {
+	if err := r.s.checkBatch(ctx, items, decs); err != nil {
 		return nil, grpcError(err)
 	}
 	resp := &allotv1.CheckResponse{Results: make([]*allotv1.CheckResult, len(decs))}

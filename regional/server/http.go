@@ -105,7 +105,7 @@ func (s *Service) httpCheck(w http.ResponseWriter, r *http.Request) {
 		item.Descriptors = append(item.Descriptors, d)
 	}
 	decs := make([]allot.Decision, 1)
-	if err := s.checkBatch([]CheckItem{item}, decs); err != nil {
+	if err := s.checkBatch(r.Context(), []CheckItem{item}, decs); err != nil {
 		writeError(w, httpStatus(err), err)
 		return
 	}

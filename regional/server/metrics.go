@@ -25,7 +25,7 @@ type knownSet struct {
 	enforcement map[[2]string]string // (domain, limit) → enforcement
 }
 
-func newMetrics(e *regional.Engine, reg prometheus.Registerer) *metrics {
+func newMetrics(e *regional.Engine, f *regional.Enforcer, region string, reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_regional_decisions_total",
@@ -48,6 +48,9 @@ func newMetrics(e *regional.Engine, reg prometheus.Registerer) *metrics {
 	m.configLoaded(e.Config())
 	if reg == nil {
 		return m
+	}
+	if f != nil {
+		reg.MustRegister(newEnforcerCollector(f, region))
 	}
 	reg.MustRegister(m.decisions, m.shadow, m.errors, m.latency,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -99,5 +102,60 @@ func (m *metrics) record(domain string, dec *allot.Decision, err error, took tim
 			result = "rejected"
 		}
 		m.decisions.WithLabelValues(domain, st.Name, result, enf).Inc()
+	}
+}
+
+// enforcerCollector exports an Enforcer's stats: its dealings with the
+// regional store, per store-backed limit.
+type enforcerCollector struct {
+	f                                         *regional.Enforcer
+	fallback, decisions, leases, tokens, live *prometheus.Desc
+}
+
+func newEnforcerCollector(f *regional.Enforcer, region string) *enforcerCollector {
+	labels := prometheus.Labels{"region": region}
+	desc := func(name, help string, vars ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, vars, labels)
+	}
+	return &enforcerCollector{
+		f: f,
+		fallback: desc("allot_regional_fallback_active",
+			"1 while a leased or exact limit cannot reach the regional store and follows its on_failure policy.", "domain", "limit"),
+		decisions: desc("allot_regional_fallback_decisions_total",
+			"Decisions made by a limit's on_failure policy while the regional store was unreachable.", "domain", "limit", "result"),
+		leases: desc("allot_regional_leases_total",
+			"Leases of leased limits: granted by the store, expired with unused tokens, and give-backs (expiry or shutdown).", "domain", "limit", "event"),
+		tokens: desc("allot_regional_lease_tokens_total",
+			"Tokens leased from the regional store, and given back unused.", "domain", "limit", "direction"),
+		live: desc("allot_regional_instances",
+			"Live instances of the region, as last seen in the regional store."),
+	}
+}
+
+func (c *enforcerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.fallback, c.decisions, c.leases, c.tokens, c.live} {
+		ch <- d
+	}
+}
+
+func (c *enforcerCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.f.Stats()
+	ch <- prometheus.MustNewConstMetric(c.live, prometheus.GaugeValue, float64(st.Instances))
+	for _, l := range st.Limits {
+		active := 0.0
+		if l.Fallback {
+			active = 1
+		}
+		counter := func(d *prometheus.Desc, v uint64, label string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l.Domain, l.Limit, label)
+		}
+		ch <- prometheus.MustNewConstMetric(c.fallback, prometheus.GaugeValue, active, l.Domain, l.Limit)
+		counter(c.decisions, l.FallbackAllowed, "allowed")
+		counter(c.decisions, l.FallbackRejected, "rejected")
+		counter(c.leases, l.LeaseGrants, "grant")
+		counter(c.leases, l.LeaseExpirations, "expiration")
+		counter(c.leases, l.LeaseReturns, "return")
+		counter(c.tokens, l.TokensGranted, "granted")
+		counter(c.tokens, l.TokensReturned, "returned")
 	}
 }

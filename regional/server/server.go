@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,12 +28,17 @@ type Options struct {
 	Now func() time.Time
 	// MaxBatch bounds the items of one Check call.
 	MaxBatch int
+	// Enforcer, when set, decides the domains that have leased or exact
+	// limits with the regional store; its engine must be the Service's.
+	// nil decides every limit in the engine, as local.
+	Enforcer *regional.Enforcer
 }
 
 // Service serves one region's engine. The zero value is not usable; call
 // New. Safe for concurrent use.
 type Service struct {
 	engine   *regional.Engine
+	enforcer *regional.Enforcer // nil: no regional store
 	region   string
 	now      func() time.Time
 	log      *slog.Logger
@@ -53,12 +59,13 @@ func New(engine *regional.Engine, opts Options) *Service {
 	}
 	s := &Service{
 		engine:   engine,
+		enforcer: opts.Enforcer,
 		region:   opts.Region,
 		now:      opts.Now,
 		log:      opts.Logger.With("region", opts.Region),
 		maxBatch: opts.MaxBatch,
 	}
-	s.metrics = newMetrics(engine, opts.Registry)
+	s.metrics = newMetrics(engine, opts.Enforcer, opts.Region, opts.Registry)
 	return s
 }
 
@@ -78,9 +85,27 @@ type CheckItem struct {
 	Hits        int64
 }
 
+// checkItems decides a request in the Enforcer when there is one (it
+// sends domains without leased or exact limits to the engine), else in
+// the engine.
+func (s *Service) checkItems(ctx context.Context, now time.Time, domain string, items []regional.Item, dec *allot.Decision) error {
+	if s.enforcer != nil {
+		return s.enforcer.CheckItems(ctx, now, domain, items, dec)
+	}
+	return s.engine.CheckItems(now, domain, items, dec)
+}
+
+// refundItems gives hits back where checkItems charged them.
+func (s *Service) refundItems(ctx context.Context, now time.Time, domain string, items []regional.Item, dec *allot.Decision) error {
+	if s.enforcer != nil {
+		return s.enforcer.RefundItems(ctx, now, domain, items, dec)
+	}
+	return s.engine.RefundItems(now, domain, items, dec)
+}
+
 // checkBatch validates every item, then decides them in order. A batch
 // with any bad item fails as a whole, before anything is charged.
-func (s *Service) checkBatch(items []CheckItem, decs []allot.Decision) error {
+func (s *Service) checkBatch(ctx context.Context, items []CheckItem, decs []allot.Decision) error {
 	if len(items) == 0 {
 		return fmt.Errorf("%w: no items", ErrBadRequest)
 	}
@@ -94,7 +119,7 @@ func (s *Service) checkBatch(items []CheckItem, decs []allot.Decision) error {
 		}
 	}
 	for i, it := range items {
-		if err := s.decide(now, it, &decs[i]); err != nil {
+		if err := s.decide(ctx, now, it, &decs[i]); err != nil {
 			return fmt.Errorf("item %d: %w", i, err)
 		}
 	}
@@ -133,11 +158,11 @@ func checkItem(it CheckItem) error {
 }
 
 // decide decides one item and records it.
-func (s *Service) decide(now time.Time, it CheckItem, dec *allot.Decision) error {
+func (s *Service) decide(ctx context.Context, now time.Time, it CheckItem, dec *allot.Decision) error {
 	var inline [4]regional.Item
 	items := engineItems(it, inline[:0])
 	start := time.Now()
-	err := s.engine.CheckItems(now, it.Domain, items, dec)
+	err := s.checkItems(ctx, now, it.Domain, items, dec)
 	s.metrics.record(it.Domain, dec, err, time.Since(start))
 	if err != nil {
 		s.log.Debug("check refused", "domain", it.Domain, "err", err)

@@ -1,0 +1,174 @@
+// Package redistest runs real redis-server processes for tests: a single
+// server, or a Redis Cluster of three primaries with a replica each. They
+// listen on free loopback ports, keep nothing on disk beyond a temporary
+// directory, and stop when the test ends. Tests are skipped when
+// redis-server is not installed (CI installs it).
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds the wait for a server, or a cluster, to be ready.
+const startTimeout = 20 * time.Second
+
+// Server is one redis-server process. Its methods are not safe for
+// concurrent use.
+type Server struct {
+	Addr string
+	t    testing.TB
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server on a free loopback port, with extra
+// arguments, and stops it when the test ends.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
+	}
+	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))}
+	_, port, _ := net.SplitHostPort(s.Addr)
+	s.args = append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--logfile", "redis.log", "--protected-mode", "no"}, extra...)
+	s.Restart()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// Kill stops the server at once (SIGKILL), as a crash would.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart starts the server again on its port, with its directory (a
+// cluster node keeps its identity), and waits until it answers.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Kill()
+	s.cmd = exec.Command("redis-server", s.args...)
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("redistest: start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	waitFor(s.t, "redis-server at "+s.Addr, func(ctx context.Context) error { return c.Ping(ctx).Err() }, s.log)
+}
+
+func (s *Server) log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return string(b)
+}
+
+// Cluster is a Redis Cluster of three primaries with one replica each.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// StartCluster starts a six-node cluster with a short node timeout (1s),
+// so that a replica takes over a dead primary within a few seconds.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	for range 6 {
+		c.Nodes = append(c.Nodes, Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(freePort(t)), // the default, port+10000, may not be free
+			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"))
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "1", "--cluster-yes")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1})
+	defer cc.Close()
+	waitFor(t, "cluster state ok on every node", func(ctx context.Context) error {
+		return cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err == nil && !strings.Contains(info, "cluster_state:ok") {
+				err = fmt.Errorf("%s: cluster_state not ok", n.Options().Addr)
+			}
+			return err
+		})
+	}, nil)
+	return c
+}
+
+// Addrs are the nodes' addresses.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr
+	}
+	return addrs
+}
+
+// PrimaryOf returns the node that serves key's slot as a primary.
+func (c *Cluster) PrimaryOf(t testing.TB, key string) *Server {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	n, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		t.Fatalf("redistest: primary of %q: %v", key, err)
+	}
+	for _, s := range c.Nodes {
+		if s.Addr == n.Options().Addr {
+			return s
+		}
+	}
+	t.Fatalf("redistest: primary of %q is %s, not a node of the cluster", key, n.Options().Addr)
+	return nil
+}
+
+// waitFor polls ready until it succeeds or startTimeout passes.
+func waitFor(t testing.TB, what string, ready func(context.Context) error, log func() string) {
+	t.Helper()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := ready(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			msg := ""
+			if log != nil {
+				msg = "\n" + log()
+			}
+			t.Fatalf("redistest: %s: not ready after %v: %v%s", what, startTimeout, err, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
