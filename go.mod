@@ -10,6 +10,7 @@ require (
 
 require (
 	cel.dev/expr v0.25.3 // indirect
+	github.com/DataDog/sketches-go v1.4.8 // indirect
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0 // indirect
 	github.com/Shopify/toxiproxy/v2 v2.5.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

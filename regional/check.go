@@ -20,6 +20,11 @@ type Item struct {
 	// limit is then counted on its own key under that limit, as a sliding
 	// window.
 	Limit *allot.Rate
+	// OnlyUnit restricts the item to the matching limits that count Unit:
+	// a reservation charges its request limits one hit and its token
+	// limits the tokens it holds. false applies it to every matching limit.
+	OnlyUnit bool
+	Unit     allot.Unit
 }
 
 // adhocName is the limit name reported for descriptors counted under the
@@ -195,6 +200,9 @@ func (e *Engine) plan(now time.Time, domain string, items []Item, o op, dec *all
 			ws = e.matchEnvoy(ds, it, ws)
 		} else {
 			ws = e.matchAll(ds, it, ws)
+		}
+		if it.OnlyUnit {
+			ws = keepUnit(ws, n, it.Unit)
 		}
 		if len(ws) == n && it.Limit != nil {
 			ws = append(ws, work{ls: ds.adhoc, key: e.adhocKey(ds.adhoc, it.Descriptor)})

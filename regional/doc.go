@@ -75,6 +75,24 @@
 //     // at shutdown: unused lease tokens go back
 //     f.Close(ctx, now)
 //
+// LLM token budgets (reserve.go): Reservations holds, at admission, a
+// call's prompt plus an estimate of its output on the limits with unit
+// tokens (one hit on request limits), and settles the real usage later:
+// the unused part is refunded, the extra charged even below zero. The
+// estimate is the p90 of recently settled outputs per limit and model
+// (a Sketch; regional/sketch adapts DDSketch), a fraction of max_tokens
+// until there are enough. A reservation not settled within its TTL is
+// settled at what it holds by Tick, which frees its concurrency slot (in
+// memory for local limits, in the Store, a ReservationStore, for leased
+// and exact ones); a late Settle still corrects it for a grace period.
+//
+//	rs := regional.NewReservations(e, f, regional.ReservationOptions{}) // f may be nil
+//	r, err := rs.Reserve(ctx, now, regional.ReserveRequest{Domain: "llm", Descriptors: ds, PromptTokens: 900, MaxTokens: 4096, Model: "m"})
+//	// … the call streams …
+//	s, err := rs.Settle(ctx, now, r.ID, inputTokens, outputTokens)
+//	// every few hundred ms:
+//	rs.Tick(ctx, now)
+//
 // A driver (the gRPC/HTTP edge, or the simulator) calls it like this:
 //
 //	e := regional.New(cfg, regional.Options{})

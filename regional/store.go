@@ -99,6 +99,7 @@ type MemoryStore struct {
 	mu      sync.Mutex
 	slots   map[string]*slot
 	members map[string]map[string]int64 // region → instance → expiry (unix ns)
+	sets    map[string]map[string]int64 // concurrency slots: key → holder → expiry (unix ns)
 	err     error
 }
 

@@ -169,6 +169,9 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		}
 	}()
 	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: log, Enforcer: enforcer})
+	rctx, stopReservations := context.WithCancel(context.Background())
+	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
+	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)
 
 	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS}
 	close(n.linkDone)

@@ -18,6 +18,11 @@
 // decided with the regional store (regional.Enforcer); the others, and
 // every domain without it, in the engine alone.
 //
+// LLM token budgets (reserve.go): Reserve, Settle and Release on gRPC and
+// POST /v1/reserve, /v1/settle, /v1/release on HTTP, with OpenAI's
+// x-ratelimit-{limit,remaining,reset}-{tokens,requests} headers beside
+// the standard ones. RunReservations expires unsettled reservations.
+//
 // Every method of a Service is safe for concurrent use. The wall clock is
 // read here, at the edge, and passed to the engine.
 //

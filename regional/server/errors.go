@@ -21,6 +21,9 @@ var errorTable = []struct {
 	http int
 }{
 	{regional.ErrUnknownDomain, codes.NotFound, http.StatusNotFound},
+	{regional.ErrUnknownReservation, codes.NotFound, http.StatusNotFound},
+	{regional.ErrBadReservation, codes.InvalidArgument, http.StatusBadRequest},
+	{regional.ErrTooManyReservations, codes.ResourceExhausted, http.StatusServiceUnavailable},
 	{regional.ErrBadCost, codes.InvalidArgument, http.StatusBadRequest},
 	{regional.ErrBadDescriptor, codes.InvalidArgument, http.StatusBadRequest},
 	{regional.ErrCostAboveBurst, codes.InvalidArgument, http.StatusBadRequest},
@@ -53,6 +56,9 @@ func httpStatus(err error) int {
 
 // reason is a bounded label value for an error.
 func reason(err error) string {
+	if errors.Is(err, regional.ErrUnknownReservation) {
+		return "unknown_reservation"
+	}
 	switch code, _ := lookup(err); code {
 	case codes.NotFound:
 		return "unknown_domain"

@@ -46,12 +46,18 @@ type checkBody struct {
 // HTTPHandler returns the service's HTTP API:
 //
 //	POST /v1/check   decide one request: 200 allowed, 429 rejected
+//	POST /v1/reserve hold an LLM call's tokens: 200 allowed, 429 rejected
+//	POST /v1/settle  charge a reservation's real usage
+//	POST /v1/release end a cancelled stream's reservation
 //	GET  /healthz    the process is up
 //	GET  /readyz     the region is ready for traffic
 //	GET  /metrics    Prometheus metrics
 func (s *Service) HTTPHandler(opts HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", s.httpCheck)
+	mux.HandleFunc("POST /v1/reserve", s.httpReserve) // reserve.go
+	mux.HandleFunc("POST /v1/settle", s.httpSettle)
+	mux.HandleFunc("POST /v1/release", s.httpRelease)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})

@@ -32,6 +32,9 @@ type Options struct {
 	// limits with the regional store; its engine must be the Service's.
 	// nil decides every limit in the engine, as local.
 	Enforcer *regional.Enforcer
+	// Reservations configure LLM token reservations (reserve.go); a nil
+	// NewSketch learns estimates with DDSketch.
+	Reservations regional.ReservationOptions
 }
 
 // Service serves one region's engine. The zero value is not usable; call
@@ -44,6 +47,7 @@ type Service struct {
 	log      *slog.Logger
 	maxBatch int
 	metrics  *metrics
+	rsv      *reserveState // reserve.go
 }
 
 // New returns a Service deciding with engine.
@@ -66,6 +70,7 @@ func New(engine *regional.Engine, opts Options) *Service {
 		maxBatch: opts.MaxBatch,
 	}
 	s.metrics = newMetrics(engine, opts.Enforcer, opts.Region, opts.Registry)
+	s.rsv = newReserveState(s, opts)
 	return s
 }
 

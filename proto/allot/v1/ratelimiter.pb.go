@@ -448,6 +448,545 @@ func (x *CheckResponse) GetResults() []*CheckResult {
 	return nil
 }
 
+// ReserveRequest asks to hold the tokens of one LLM call.
+type ReserveRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Domain      string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Descriptors []*Descriptor          `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// Input tokens, known before the call (≥ 0).
+	PromptTokens int64 `protobuf:"varint,3,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// The most output tokens the call may produce (≥ 1).
+	MaxTokens int64 `protobuf:"varint,4,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// The model; estimates are learned per limit and model.
+	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// The caller's own output estimate, used instead of the learned one;
+	// at most max_tokens.
+	Estimate *int64 `protobuf:"varint,6,opt,name=estimate,proto3,oneof" json:"estimate,omitempty"`
+	// How long the reservation may stay unsettled; unset: the server's
+	// default. At its end it is settled at the reserved amount.
+	Ttl           *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReserveRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetDescriptors() []*Descriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetPromptTokens() int64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetMaxTokens() int64 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetEstimate() int64 {
+	if x != nil && x.Estimate != nil {
+		return *x.Estimate
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type ReserveResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// Set when allowed: pass it to Settle or Release.
+	ReservationId string `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// Tokens held on the token limits: prompt plus estimated output.
+	ReservedTokens int64 `protobuf:"varint,3,opt,name=reserved_tokens,json=reservedTokens,proto3" json:"reserved_tokens,omitempty"`
+	// The output part of reserved_tokens, and whether it was learned from
+	// settled usage (else a fraction of max_tokens, or the caller's).
+	EstimatedOutputTokens int64 `protobuf:"varint,4,opt,name=estimated_output_tokens,json=estimatedOutputTokens,proto3" json:"estimated_output_tokens,omitempty"`
+	EstimateLearned       bool  `protobuf:"varint,5,opt,name=estimate_learned,json=estimateLearned,proto3" json:"estimate_learned,omitempty"`
+	// Time left until the reservation expires.
+	Ttl *durationpb.Duration `protobuf:"bytes,6,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// When rejected: how long until the request may pass.
+	RetryAfter *durationpb.Duration `protobuf:"bytes,7,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// When a concurrency cap rejected it: the limit's name and cap.
+	ConcurrencyLimit string `protobuf:"bytes,8,opt,name=concurrency_limit,json=concurrencyLimit,proto3" json:"concurrency_limit,omitempty"`
+	ConcurrencyCap   int64  `protobuf:"varint,9,opt,name=concurrency_cap,json=concurrencyCap,proto3" json:"concurrency_cap,omitempty"`
+	// One status per matching limit, token and request limits alike.
+	Limits        []*LimitStatus `protobuf:"bytes,10,rep,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveResponse) Reset() {
+	*x = ReserveResponse{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveResponse) ProtoMessage() {}
+
+func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
+func (*ReserveResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReserveResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *ReserveResponse) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReserveResponse) GetReservedTokens() int64 {
+	if x != nil {
+		return x.ReservedTokens
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetEstimatedOutputTokens() int64 {
+	if x != nil {
+		return x.EstimatedOutputTokens
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetEstimateLearned() bool {
+	if x != nil {
+		return x.EstimateLearned
+	}
+	return false
+}
+
+func (x *ReserveResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetConcurrencyLimit() string {
+	if x != nil {
+		return x.ConcurrencyLimit
+	}
+	return ""
+}
+
+func (x *ReserveResponse) GetConcurrencyCap() int64 {
+	if x != nil {
+		return x.ConcurrencyCap
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetLimits() []*LimitStatus {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+type SettleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	InputTokens   int64                  `protobuf:"varint,2,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	OutputTokens  int64                  `protobuf:"varint,3,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SettleRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetInputTokens() int64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *SettleRequest) GetOutputTokens() int64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+// Settlement is what a Settle or Release charged.
+type Settlement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// settled, released, or expired (not settled within its TTL).
+	State          string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	ReservedTokens int64  `protobuf:"varint,3,opt,name=reserved_tokens,json=reservedTokens,proto3" json:"reserved_tokens,omitempty"`
+	// What the reservation finally charged: usage and billing come from it.
+	SettledTokens     int64 `protobuf:"varint,4,opt,name=settled_tokens,json=settledTokens,proto3" json:"settled_tokens,omitempty"`
+	RefundedTokens    int64 `protobuf:"varint,5,opt,name=refunded_tokens,json=refundedTokens,proto3" json:"refunded_tokens,omitempty"`
+	OverchargedTokens int64 `protobuf:"varint,6,opt,name=overcharged_tokens,json=overchargedTokens,proto3" json:"overcharged_tokens,omitempty"`
+	// Settled after its expiry, within the grace period: corrected.
+	Late bool `protobuf:"varint,7,opt,name=late,proto3" json:"late,omitempty"`
+	// An earlier Settle or Release had settled it: nothing was charged now.
+	Repeat bool `protobuf:"varint,8,opt,name=repeat,proto3" json:"repeat,omitempty"`
+	// The token limits' state after the settlement.
+	Limits        []*LimitStatus `protobuf:"bytes,9,rep,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Settlement) Reset() {
+	*x = Settlement{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Settlement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Settlement) ProtoMessage() {}
+
+func (x *Settlement) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Settlement.ProtoReflect.Descriptor instead.
+func (*Settlement) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Settlement) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *Settlement) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Settlement) GetReservedTokens() int64 {
+	if x != nil {
+		return x.ReservedTokens
+	}
+	return 0
+}
+
+func (x *Settlement) GetSettledTokens() int64 {
+	if x != nil {
+		return x.SettledTokens
+	}
+	return 0
+}
+
+func (x *Settlement) GetRefundedTokens() int64 {
+	if x != nil {
+		return x.RefundedTokens
+	}
+	return 0
+}
+
+func (x *Settlement) GetOverchargedTokens() int64 {
+	if x != nil {
+		return x.OverchargedTokens
+	}
+	return 0
+}
+
+func (x *Settlement) GetLate() bool {
+	if x != nil {
+		return x.Late
+	}
+	return false
+}
+
+func (x *Settlement) GetRepeat() bool {
+	if x != nil {
+		return x.Repeat
+	}
+	return false
+}
+
+func (x *Settlement) GetLimits() []*LimitStatus {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+type SettleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Settlement    *Settlement            `protobuf:"bytes,1,opt,name=settlement,proto3" json:"settlement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SettleResponse) GetSettlement() *Settlement {
+	if x != nil {
+		return x.Settlement
+	}
+	return nil
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// Tokens used before the stream was cancelled, prompt included.
+	UsedTokens    int64 `protobuf:"varint,2,opt,name=used_tokens,json=usedTokens,proto3" json:"used_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReleaseRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetUsedTokens() int64 {
+	if x != nil {
+		return x.UsedTokens
+	}
+	return 0
+}
+
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Settlement    *Settlement            `protobuf:"bytes,1,opt,name=settlement,proto3" json:"settlement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReleaseResponse) GetSettlement() *Settlement {
+	if x != nil {
+		return x.Settlement
+	}
+	return nil
+}
+
 var File_allot_v1_ratelimiter_proto protoreflect.FileDescriptor
 
 const file_allot_v1_ratelimiter_proto_rawDesc = "" +
@@ -484,9 +1023,62 @@ const file_allot_v1_ratelimiter_proto_rawDesc = "" +
 	"retryAfter\x12-\n" +
 	"\x06limits\x18\x03 \x03(\v2\x15.allot.v1.LimitStatusR\x06limits\"@\n" +
 	"\rCheckResponse\x12/\n" +
-	"\aresults\x18\x01 \x03(\v2\x15.allot.v1.CheckResultR\aresults2G\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.allot.v1.CheckResultR\aresults\"\x95\x02\n" +
+	"\x0eReserveRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x126\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x14.allot.v1.DescriptorR\vdescriptors\x12#\n" +
+	"\rprompt_tokens\x18\x03 \x01(\x03R\fpromptTokens\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x04 \x01(\x03R\tmaxTokens\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12\x1f\n" +
+	"\bestimate\x18\x06 \x01(\x03H\x00R\bestimate\x88\x01\x01\x12+\n" +
+	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttlB\v\n" +
+	"\t_estimate\"\xcc\x03\n" +
+	"\x0fReserveResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12'\n" +
+	"\x0freserved_tokens\x18\x03 \x01(\x03R\x0ereservedTokens\x126\n" +
+	"\x17estimated_output_tokens\x18\x04 \x01(\x03R\x15estimatedOutputTokens\x12)\n" +
+	"\x10estimate_learned\x18\x05 \x01(\bR\x0festimateLearned\x12+\n" +
+	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12:\n" +
+	"\vretry_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12+\n" +
+	"\x11concurrency_limit\x18\b \x01(\tR\x10concurrencyLimit\x12'\n" +
+	"\x0fconcurrency_cap\x18\t \x01(\x03R\x0econcurrencyCap\x12-\n" +
+	"\x06limits\x18\n" +
+	" \x03(\v2\x15.allot.v1.LimitStatusR\x06limits\"~\n" +
+	"\rSettleRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12!\n" +
+	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\"\xcc\x02\n" +
+	"\n" +
+	"Settlement\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12'\n" +
+	"\x0freserved_tokens\x18\x03 \x01(\x03R\x0ereservedTokens\x12%\n" +
+	"\x0esettled_tokens\x18\x04 \x01(\x03R\rsettledTokens\x12'\n" +
+	"\x0frefunded_tokens\x18\x05 \x01(\x03R\x0erefundedTokens\x12-\n" +
+	"\x12overcharged_tokens\x18\x06 \x01(\x03R\x11overchargedTokens\x12\x12\n" +
+	"\x04late\x18\a \x01(\bR\x04late\x12\x16\n" +
+	"\x06repeat\x18\b \x01(\bR\x06repeat\x12-\n" +
+	"\x06limits\x18\t \x03(\v2\x15.allot.v1.LimitStatusR\x06limits\"F\n" +
+	"\x0eSettleResponse\x124\n" +
+	"\n" +
+	"settlement\x18\x01 \x01(\v2\x14.allot.v1.SettlementR\n" +
+	"settlement\"X\n" +
+	"\x0eReleaseRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x1f\n" +
+	"\vused_tokens\x18\x02 \x01(\x03R\n" +
+	"usedTokens\"G\n" +
+	"\x0fReleaseResponse\x124\n" +
+	"\n" +
+	"settlement\x18\x01 \x01(\v2\x14.allot.v1.SettlementR\n" +
+	"settlement2\x84\x02\n" +
 	"\vRateLimiter\x128\n" +
-	"\x05Check\x12\x16.allot.v1.CheckRequest\x1a\x17.allot.v1.CheckResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
+	"\x05Check\x12\x16.allot.v1.CheckRequest\x1a\x17.allot.v1.CheckResponse\x12>\n" +
+	"\aReserve\x12\x18.allot.v1.ReserveRequest\x1a\x19.allot.v1.ReserveResponse\x12;\n" +
+	"\x06Settle\x12\x17.allot.v1.SettleRequest\x1a\x18.allot.v1.SettleResponse\x12>\n" +
+	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
 var (
 	file_allot_v1_ratelimiter_proto_rawDescOnce sync.Once
@@ -500,7 +1092,7 @@ func file_allot_v1_ratelimiter_proto_rawDescGZIP() []byte {
 	return file_allot_v1_ratelimiter_proto_rawDescData
 }
 
-var file_allot_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_allot_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_allot_v1_ratelimiter_proto_goTypes = []any{
 	(*Entry)(nil),               // 0: allot.v1.Entry
 	(*Descriptor)(nil),          // 1: allot.v1.Descriptor
@@ -509,25 +1101,46 @@ var file_allot_v1_ratelimiter_proto_goTypes = []any{
 	(*LimitStatus)(nil),         // 4: allot.v1.LimitStatus
 	(*CheckResult)(nil),         // 5: allot.v1.CheckResult
 	(*CheckResponse)(nil),       // 6: allot.v1.CheckResponse
-	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
+	(*ReserveRequest)(nil),      // 7: allot.v1.ReserveRequest
+	(*ReserveResponse)(nil),     // 8: allot.v1.ReserveResponse
+	(*SettleRequest)(nil),       // 9: allot.v1.SettleRequest
+	(*Settlement)(nil),          // 10: allot.v1.Settlement
+	(*SettleResponse)(nil),      // 11: allot.v1.SettleResponse
+	(*ReleaseRequest)(nil),      // 12: allot.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 13: allot.v1.ReleaseResponse
+	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
 }
 var file_allot_v1_ratelimiter_proto_depIdxs = []int32{
 	0,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
 	1,  // 1: allot.v1.CheckItem.descriptors:type_name -> allot.v1.Descriptor
 	2,  // 2: allot.v1.CheckRequest.items:type_name -> allot.v1.CheckItem
-	7,  // 3: allot.v1.LimitStatus.reset_after:type_name -> google.protobuf.Duration
-	7,  // 4: allot.v1.LimitStatus.retry_after:type_name -> google.protobuf.Duration
-	7,  // 5: allot.v1.LimitStatus.window:type_name -> google.protobuf.Duration
-	7,  // 6: allot.v1.CheckResult.retry_after:type_name -> google.protobuf.Duration
+	14, // 3: allot.v1.LimitStatus.reset_after:type_name -> google.protobuf.Duration
+	14, // 4: allot.v1.LimitStatus.retry_after:type_name -> google.protobuf.Duration
+	14, // 5: allot.v1.LimitStatus.window:type_name -> google.protobuf.Duration
+	14, // 6: allot.v1.CheckResult.retry_after:type_name -> google.protobuf.Duration
 	4,  // 7: allot.v1.CheckResult.limits:type_name -> allot.v1.LimitStatus
 	5,  // 8: allot.v1.CheckResponse.results:type_name -> allot.v1.CheckResult
-	3,  // 9: allot.v1.RateLimiter.Check:input_type -> allot.v1.CheckRequest
-	6,  // 10: allot.v1.RateLimiter.Check:output_type -> allot.v1.CheckResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	1,  // 9: allot.v1.ReserveRequest.descriptors:type_name -> allot.v1.Descriptor
+	14, // 10: allot.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	14, // 11: allot.v1.ReserveResponse.ttl:type_name -> google.protobuf.Duration
+	14, // 12: allot.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	4,  // 13: allot.v1.ReserveResponse.limits:type_name -> allot.v1.LimitStatus
+	4,  // 14: allot.v1.Settlement.limits:type_name -> allot.v1.LimitStatus
+	10, // 15: allot.v1.SettleResponse.settlement:type_name -> allot.v1.Settlement
+	10, // 16: allot.v1.ReleaseResponse.settlement:type_name -> allot.v1.Settlement
+	3,  // 17: allot.v1.RateLimiter.Check:input_type -> allot.v1.CheckRequest
+	7,  // 18: allot.v1.RateLimiter.Reserve:input_type -> allot.v1.ReserveRequest
+	9,  // 19: allot.v1.RateLimiter.Settle:input_type -> allot.v1.SettleRequest
+	12, // 20: allot.v1.RateLimiter.Release:input_type -> allot.v1.ReleaseRequest
+	6,  // 21: allot.v1.RateLimiter.Check:output_type -> allot.v1.CheckResponse
+	8,  // 22: allot.v1.RateLimiter.Reserve:output_type -> allot.v1.ReserveResponse
+	11, // 23: allot.v1.RateLimiter.Settle:output_type -> allot.v1.SettleResponse
+	13, // 24: allot.v1.RateLimiter.Release:output_type -> allot.v1.ReleaseResponse
+	21, // [21:25] is the sub-list for method output_type
+	17, // [17:21] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_ratelimiter_proto_init() }
@@ -536,13 +1149,14 @@ func file_allot_v1_ratelimiter_proto_init() {
 		return
 	}
 	file_allot_v1_ratelimiter_proto_msgTypes[2].OneofWrappers = []any{}
+	file_allot_v1_ratelimiter_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_ratelimiter_proto_rawDesc), len(file_allot_v1_ratelimiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RateLimiter_Check_FullMethodName = "/allot.v1.RateLimiter/Check"
+	RateLimiter_Check_FullMethodName   = "/allot.v1.RateLimiter/Check"
+	RateLimiter_Reserve_FullMethodName = "/allot.v1.RateLimiter/Reserve"
+	RateLimiter_Settle_FullMethodName  = "/allot.v1.RateLimiter/Settle"
+	RateLimiter_Release_FullMethodName = "/allot.v1.RateLimiter/Release"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -34,6 +37,22 @@ type RateLimiterClient interface {
 	// descriptors admits it. A malformed item fails the whole batch with
 	// INVALID_ARGUMENT, and then nothing is charged.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Reserve holds an LLM call's tokens before it runs: prompt tokens plus
+	// an estimate of the output (the p90 of recently settled outputs for
+	// the limit and model, a fraction of max_tokens until there are
+	// enough). Request limits are charged one hit. A rejection charges
+	// nothing and carries retry_after. Bad input is INVALID_ARGUMENT, an
+	// unknown domain NOT_FOUND.
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
+	// Settle charges a reservation's real usage: the unused part goes back,
+	// usage above it is charged even below zero. Idempotent: a repeat
+	// returns the first answer. An unknown id (or one forgotten after the
+	// grace period) is NOT_FOUND; Settle must reach the instance that
+	// served Reserve.
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
+	// Release ends a cancelled stream's reservation, charging the tokens
+	// used so far. Idempotent, like Settle.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -54,6 +73,36 @@ func (c *rateLimiterClient) Check(ctx context.Context, in *CheckRequest, opts ..
 	return out, nil
 }
 
+func (c *rateLimiterClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -66,6 +115,22 @@ type RateLimiterServer interface {
 	// descriptors admits it. A malformed item fails the whole batch with
 	// INVALID_ARGUMENT, and then nothing is charged.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Reserve holds an LLM call's tokens before it runs: prompt tokens plus
+	// an estimate of the output (the p90 of recently settled outputs for
+	// the limit and model, a fraction of max_tokens until there are
+	// enough). Request limits are charged one hit. A rejection charges
+	// nothing and carries retry_after. Bad input is INVALID_ARGUMENT, an
+	// unknown domain NOT_FOUND.
+	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
+	// Settle charges a reservation's real usage: the unused part goes back,
+	// usage above it is charged even below zero. Idempotent: a repeat
+	// returns the first answer. An unknown id (or one forgotten after the
+	// grace period) is NOT_FOUND; Settle must reach the instance that
+	// served Reserve.
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
+	// Release ends a cancelled stream's reservation, charging the tokens
+	// used so far. Idempotent, like Settle.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -78,6 +143,15 @@ type UnimplementedRateLimiterServer struct{}
 
 func (UnimplementedRateLimiterServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedRateLimiterServer) Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedRateLimiterServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
+}
+func (UnimplementedRateLimiterServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -118,6 +192,60 @@ func _RateLimiter_Check_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +256,18 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Check",
 			Handler:    _RateLimiter_Check_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _RateLimiter_Reserve_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _RateLimiter_Settle_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _RateLimiter_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

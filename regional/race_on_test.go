@@ -1,0 +1,6 @@
+//go:build race
+
+package regional
+
+// raceEnabled says the race detector runs: long workloads shrink.
+const raceEnabled = true
