@@ -205,7 +205,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 
 var (
 	domainFields   = []string{"domain", "regions", "plans", "assign", "limits", "overrides"}
-	planFields     = []string{"multiplier"}
+	planFields     = []string{"multiplier", "floors"}
 	assignFields   = []string{"match", "plan"}
 	overrideFields = []string{"limit", "match", "rate", "multiplier", "expires"}
 	limitFields    = []string{"name", "match", "unit", "rate", "burst", "algorithm", "mode", "enforcement",
@@ -318,8 +318,15 @@ func (p *loader) domain(doc *yaml.Node) *Domain {
 
 func (p *loader) plan(n *yaml.Node, path, name string) Plan {
 	pl := Plan{Name: name}
-	if p.fields(n, path, planFields, func(_, field string, v *yaml.Node) { pl.Multiplier = p.float(v, field) }) &&
-		!p.has(path+".multiplier") {
+	if p.fields(n, path, planFields, func(key, field string, v *yaml.Node) {
+		switch key {
+		case "multiplier":
+			pl.Multiplier = p.float(v, field)
+		case "floors":
+			pl.Floors = map[string]Rate{}
+			p.fields(v, field, nil, func(limit, field string, v *yaml.Node) { pl.Floors[limit] = p.rate(v, field) })
+		}
+	}) && !p.has(path+".multiplier") {
 		p.report(path+".multiplier", fmt.Sprintf("missing, want a number in (0, %d]", maxMultiplier))
 	}
 	return pl
@@ -645,6 +652,7 @@ func (d *Domain) check(paths []string, report func(field, msg string)) {
 			names[l.Name] = path
 		}
 	}
+	d.checkPlanFloors(report)
 	for i, o := range d.Overrides {
 		field := "overrides[" + strconv.Itoa(i) + "]"
 		if _, ok := names[o.Limit]; o.Limit != "" && !ok {

@@ -194,6 +194,10 @@ type Limit struct {
 type Plan struct {
 	Name       string
 	Multiplier float64
+	// Floors is the least rate the plan promises on each named limit;
+	// validation refuses a configuration in which the plan's multiplier
+	// would set the limit below it (see plans.go).
+	Floors map[string]Rate
 }
 
 // PlanAssignment puts the requests that match Match (e.g. tenant=acme) on

@@ -19,6 +19,7 @@ import (
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/coordinator/admin"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
@@ -43,13 +44,13 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (required)")
 	fs.StringVar(&f.domains, "domains", "", "domains to coordinate, comma-separated (default: every domain of the config)")
 	fs.StringVar(&f.config, "config", "", "limits file; default: the config stored in etcd, else the built-in "+examples.LimitsName)
-	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8070", "gRPC listen address (allot.v1.Coordinator)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8070", "gRPC listen address (allot.v1.Coordinator, and allot.v1.Admin for allotctl)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8071", "HTTP listen address (/metrics, /healthz)")
 	fs.StringVar(&f.advertise, "advertise", "", "address regions reach this coordinator at (default: the gRPC listen address)")
 	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often shares are recomputed")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot coordinator --etcd ENDPOINTS [flags]\n\nCampaigns in etcd to lead each domain and, while leading, splits its limits among regions.")
+		fmt.Fprintln(stderr, "usage: allot coordinator --etcd ENDPOINTS [flags]\n\nCampaigns in etcd to lead each domain and, while leading, splits its limits among regions.\nServes the Admin API (allotctl): versioned limits, overrides and plans in etcd, usage and status.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -100,13 +101,16 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	gs := grpc.NewServer()
 	srv.Register(gs)
+	adm := admin.New(admin.Options{Store: store, Logger: log})
+	defer adm.Close()
+	adm.Register(gs)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go gs.Serve(gl)
 	go hs.Serve(hl)
-	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s), HTTP http://%s, etcd %s\n", gl.Addr(), f.advertise, hl.Addr(), f.etcd)
+	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s; allot.v1.Coordinator and allot.v1.Admin for allotctl), HTTP http://%s, etcd %s\n", gl.Addr(), f.advertise, hl.Addr(), f.etcd)
 	if f.config == "" {
 		// The fleet's config lives in etcd: follow it. A bad one is refused
 		// and the one in force stays.

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -14,8 +16,10 @@ import (
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/coordinator/admin"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
+	"github.com/allot-dev/allot/deploy/examples"
 )
 
 // runDev starts the embedded default: an embedded etcd, one coordinator
@@ -77,14 +81,25 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer cli.Close()
 	store := etcdstore.New(cli, "")
+	version, err := seedConfig(ctx, store, f.config)
+	if err != nil {
+		return err
+	}
 
+	// The coordinator's gRPC server: the Admin API (allotctl), and
+	// allot.v1.Coordinator when some domain spans the dev regions.
+	gl, err := net.Listen("tcp", *coordAddr)
+	if err != nil {
+		return fmt.Errorf("dev: coordinator listen: %w", err)
+	}
+	coordAddrUsed := gl.Addr().String()
+	gs := grpc.NewServer()
+	adm := admin.New(admin.Options{Store: store, Logger: log})
+	defer adm.Close()
+	adm.Register(gs)
 	var coordAdvertise string
 	if len(coordinated) > 0 {
-		gl, err := net.Listen("tcp", *coordAddr)
-		if err != nil {
-			return fmt.Errorf("dev: coordinator listen: %w", err)
-		}
-		coordAdvertise = gl.Addr().String()
+		coordAdvertise = coordAddrUsed
 		srv, err := service.New(service.Options{
 			Store: store, Config: cfg, Domains: coordinated, Advertise: coordAdvertise,
 			Coordinator: coordinator.Config{Period: *period}, Logger: log.With("component", "coordinator"),
@@ -93,15 +108,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			gl.Close()
 			return err
 		}
-		gs := grpc.NewServer()
 		srv.Register(gs)
-		go gs.Serve(gl)
-		defer gs.Stop()
 		cctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { srv.Run(cctx); close(done) }()
-		defer func() { cancel(); <-done }()
+		done := make(chan struct{}, 2)
+		go func() { srv.Run(cctx); done <- struct{}{} }()
+		go func() { followConfig(cctx, store, srv, version, log); done <- struct{}{} }()
+		defer func() { cancel(); <-done; <-done }()
 	}
+	go gs.Serve(gl)
+	defer gs.Stop()
 
 	var nodes []*regionNode
 	for i, name := range names {
@@ -114,8 +129,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("dev: --http-addr: %w", err)
 		}
 		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log}
+		spec.store, spec.follow = store, true // regions follow the configuration in etcd and register
 		if coordAdvertise != "" {
-			spec.coordinators, spec.store = []string{coordAdvertise}, store
+			spec.coordinators = []string{coordAdvertise}
 		}
 		n, err := startRegion(ctx, spec)
 		if err != nil {
@@ -126,8 +142,67 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		nodes = append(nodes, n)
 	}
-	printDev(stdout, cfg, nodes, coordAdvertise, endpoint, coordinated)
-	return serveUntilDone(ctx, log, f.config, nodes)
+	printDev(stdout, cfg, nodes, coordAddrUsed, coordAdvertise, endpoint, coordinated, version)
+	// SIGHUP stores the file as a new version, which every region and the
+	// coordinator follow; a bad file is refused before it reaches etcd.
+	return serveUntilDone(ctx, log, func() error {
+		if _, err := loadConfig(f.config); err != nil {
+			return err
+		}
+		v, err := seedConfig(ctx, store, f.config)
+		if err == nil {
+			log.Info("config stored in etcd", "version", v)
+		}
+		return err
+	}, nodes)
+}
+
+// seedConfig makes the file dev starts with (or the built-in example) the
+// current configuration version in etcd, a new version unless it already
+// is, so that the regions, the coordinator and allotctl follow etcd from
+// there. It returns the version.
+func seedConfig(ctx context.Context, store *etcdstore.Store, path string) (int64, error) {
+	yaml, source := examples.LimitsYAML, examples.LimitsName
+	if path != "" {
+		var err error
+		if yaml, err = os.ReadFile(path); err != nil {
+			return 0, fmt.Errorf("dev: %w", err)
+		}
+		source = path
+	}
+	cur, err := store.Version(ctx, 0)
+	switch {
+	case errors.Is(err, etcdstore.ErrNoConfig):
+	case err != nil:
+		return 0, fmt.Errorf("dev: read the config version in etcd: %w", err)
+	case cur.YAML == string(yaml):
+		return cur.Version, nil
+	}
+	v, err := store.ApplyConfig(ctx, cur.Version, etcdstore.ConfigVersion{
+		Time: time.Now().UTC(), Author: "allot dev", Summary: "allot dev started with " + source, YAML: string(yaml)})
+	if err != nil {
+		return 0, fmt.Errorf("dev: store the config in etcd: %w", err)
+	}
+	return v.Version, nil
+}
+
+// followConfig makes the coordinator follow the configuration in etcd,
+// from the version after the one it started with, as `allot coordinator`
+// does.
+func followConfig(ctx context.Context, store *etcdstore.Store, srv *service.Server, started int64, log *slog.Logger) {
+	store.WatchFleet(ctx, func(fl etcdstore.Fleet) {
+		if fl.YAML == nil || fl.Version == started {
+			return
+		}
+		started = fl.Version
+		next, err := allot.ParseConfig(fmt.Sprintf("etcd:config@%d", fl.Version), fl.YAML)
+		if err == nil {
+			err = srv.SetConfig(next)
+		}
+		if err != nil {
+			log.Error("config in etcd refused by the coordinator; the previous one stays in force", "version", fl.Version, "err", err)
+		}
+	})
 }
 
 // coordinatedDomains are the domains whose regions include every region
@@ -146,14 +221,15 @@ func coordinatedDomains(cfg *allot.Config, regions []string) []string {
 	return out
 }
 
-func printDev(w io.Writer, cfg *allot.Config, nodes []*regionNode, coord, etcd string, coordinated []string) {
-	fmt.Fprintf(w, "allot dev: %d regions enforcing %s\n", len(nodes), cfg.Source)
+func printDev(w io.Writer, cfg *allot.Config, nodes []*regionNode, adminAddr, coord, etcd string, coordinated []string, version int64) {
+	fmt.Fprintf(w, "allot dev: %d regions enforcing %s, configuration version %d in etcd\n", len(nodes), cfg.Source, version)
 	for _, n := range nodes {
 		fmt.Fprintf(w, "  region %-9s gRPC %-16s HTTP http://%s\n", n.name, n.grpcAddr, n.httpAddr)
 	}
 	if coord != "" {
 		fmt.Fprintf(w, "  coordinator      gRPC %-16s domains %v, shares rebalanced from demand\n", coord, coordinated)
 	}
+	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (--addr %s)\n", adminAddr, adminAddr)
 	fmt.Fprintf(w, "  etcd (embedded)  %s\n", etcd)
 	first := nodes[0]
 	fmt.Fprintf(w, "\nTry it: user 42 may send 30/s with a burst of 15 over all regions; %s starts with 35%% of it,\n", first.name)

@@ -28,6 +28,7 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/deploy/examples"
 	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/configwatch"
 	"github.com/allot-dev/allot/regional/coordclient"
 	"github.com/allot-dev/allot/regional/redisstore"
 	"github.com/allot-dev/allot/regional/server"
@@ -87,17 +88,10 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if f.region == "" {
 		return errors.New("regional: --region is required")
 	}
-	if f.config == "" {
-		return errors.New("regional: --config is required (allot dev runs the built-in example)")
-	}
-	if f.etcd != "" && f.coordinators == "" {
-		return errors.New("regional: --etcd needs --coordinator")
+	if f.config == "" && f.etcd == "" {
+		return errors.New("regional: --config or --etcd is required (allot dev runs the built-in example)")
 	}
 	log, err := f.logger(stderr)
-	if err != nil {
-		return err
-	}
-	cfg, err := loadConfig(f.config)
 	if err != nil {
 		return err
 	}
@@ -110,16 +104,43 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		defer cli.Close()
 		store = etcdstore.New(cli, "")
 	}
+	// With --etcd and no --config, the region follows the fleet's
+	// configuration in etcd (allotctl limits apply) and registers itself.
+	var cfg *allot.Config
+	if f.config == "" {
+		cfg, err = configwatch.New(configwatch.Options{Store: store}).Load(ctx)
+	} else {
+		cfg, err = loadConfig(f.config)
+	}
+	if err != nil {
+		return err
+	}
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, maxKeys: f.maxKeys,
-		coordinators: splitList(f.coordinators), store: store, reportEvery: f.reportEvery, log: log,
+		coordinators: splitList(f.coordinators), store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
 		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout,
 	})
 	if err != nil {
 		return err
 	}
 	printRegion(stdout, node, cfg)
-	return serveUntilDone(ctx, log, f.config, []*regionNode{node})
+	if f.config == "" {
+		return serveUntilDone(ctx, log, nil, []*regionNode{node})
+	}
+	return serveUntilDone(ctx, log, func() error { return reloadFile(log, f.config, node) }, []*regionNode{node})
+}
+
+// reloadFile gives the nodes the configuration in path, unless it is bad.
+func reloadFile(log *slog.Logger, path string, nodes ...*regionNode) error {
+	next, err := loadConfig(path)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		n.svc.SetConfig(next)
+	}
+	log.Info("config reloaded", "source", next.Source, "domains", len(next.Domains))
+	return nil
 }
 
 // regionSpec says how to start one region's enforcer.
@@ -130,6 +151,7 @@ type regionSpec struct {
 	maxKeys            int
 	coordinators       []string
 	store              *etcdstore.Store // nil: no persisted assignment to start from
+	follow             bool             // follow the configuration in etcd (store) and register for allotctl
 	reportEvery        time.Duration
 	log                *slog.Logger
 	redis              []string // the regional store; none: leased and exact limits in memory
@@ -175,6 +197,11 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 
 	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS}
 	close(n.linkDone)
+	var follower *configwatch.Follower
+	if spec.follow {
+		follower = configwatch.New(configwatch.Options{Store: spec.store, Apply: svc.SetConfig, Logger: log})
+	}
+	var applied func(string) (int64, uint64)
 	if len(spec.coordinators) > 0 {
 		opts := coordclient.Options{Region: spec.name, Engine: engine, Addrs: spec.coordinators, ReportEvery: spec.reportEvery, Logger: log, Registry: reg}
 		if spec.store != nil {
@@ -188,6 +215,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			client.Close()
 			return nil, err
 		}
+		applied = client.Applied
 		lctx, cancel := context.WithCancel(context.Background())
 		n.stopLink, n.linkDone = cancel, make(chan struct{})
 		go func() { client.Run(lctx); client.Close(); close(n.linkDone) }()
@@ -204,12 +232,36 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		n.stopLink()
 		return nil, fmt.Errorf("region %s: http listen: %w", spec.name, err)
 	}
+	n.grpcAddr, n.httpAddr = gl.Addr().String(), hl.Addr().String()
+	aopts := server.AdminOptions{Addr: n.grpcAddr, Applied: applied}
+	if spec.store != nil {
+		aopts.Shares = spec.store.DefaultShares
+	}
+	if follower != nil {
+		aopts.ConfigVersion = func() (int64, error) { st := follower.State(); return st.Version, st.Refused }
+	}
 	n.gs = grpc.NewServer()
 	svc.RegisterGRPC(n.gs)
-	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg}), ReadHeaderTimeout: 5 * time.Second}
-	n.grpcAddr, n.httpAddr = gl.Addr().String(), hl.Addr().String()
+	svc.RegisterAdmin(n.gs, aopts)
+	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Status: svc.StatusHandler(aopts)}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { n.errc <- n.gs.Serve(gl) }()
 	go func() { n.errc <- n.hs.Serve(hl) }()
+	if follower != nil {
+		fctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { follower.Run(fctx); close(done) }()
+		registration, err := spec.store.Register(ctx, etcdstore.Region{Region: spec.name, Addr: n.grpcAddr, HTTP: n.httpAddr})
+		if err != nil {
+			stop()
+			<-done
+			n.gs.Stop()
+			n.hs.Close()
+			n.stopLink()
+			return nil, fmt.Errorf("region %s: register in etcd: %w", spec.name, err)
+		}
+		prev := n.stopRS
+		n.stopRS = func() { registration.Close(); stop(); <-done; prev() }
+	}
 	log.Info("serving", "grpc", n.grpcAddr, "http", n.httpAddr, "coordinators", strings.Join(spec.coordinators, ","))
 	started = true
 	return n, nil
@@ -289,9 +341,9 @@ func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.E
 	}, nil
 }
 
-// serveUntilDone reloads every node's config on SIGHUP and stops them when
-// ctx ends or one fails.
-func serveUntilDone(ctx context.Context, log *slog.Logger, configPath string, nodes []*regionNode) error {
+// serveUntilDone calls reload on SIGHUP and stops the nodes when ctx ends
+// or one fails. A nil reload means the configuration follows etcd.
+func serveUntilDone(ctx context.Context, log *slog.Logger, reload func() error, nodes []*regionNode) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -316,15 +368,11 @@ func serveUntilDone(ctx context.Context, log *slog.Logger, configPath string, no
 	for {
 		select {
 		case <-hup:
-			next, err := loadConfig(configPath)
-			if err != nil {
+			if reload == nil {
+				log.Warn("SIGHUP ignored: the configuration follows etcd; change it with allotctl limits apply")
+			} else if err := reload(); err != nil {
 				log.Error("reload refused; the previous config stays in force", "err", err)
-				continue
 			}
-			for _, n := range nodes {
-				n.svc.SetConfig(next)
-			}
-			log.Info("config reloaded", "source", next.Source, "domains", len(next.Domains))
 		case err := <-failed:
 			stopAll()
 			return err

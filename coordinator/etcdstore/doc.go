@@ -1,8 +1,9 @@
 // Package etcdstore is the etcd edge of allot's coordinator: it elects one
 // leader per domain, persists the leader's assignments fenced by its term,
 // reads them back for a new leader or a restarting region, and stores the
-// fleet's limits configuration. It only moves the data of the pure core in
-// package coordinator; it makes no decision.
+// fleet's versioned limits configuration, its overrides and plan
+// assignments, and the regions' registrations. It only moves the data of
+// the pure core in package coordinator; it makes no decision.
 //
 // # Key layout
 //
@@ -15,6 +16,16 @@
 // encoding would save.
 //
 //	<prefix>config/limits                              the limits YAML of the fleet
+//	<prefix>config/versions/<n, 20 digits>             {"version":3,"time":…,"author":…,"summary":…,"rollback_of":2,
+//	                                                    "yaml":…}: every configuration ApplyConfig stored, all
+//	                                                   kept; config/limits is put in the same transaction
+//	<prefix>config/overrides/<domain>/<limit>/<match>  {"domain":"api","limit":"per-user","match":[{"key":"user","value":"42"}],
+//	                                                    "multiplier":5,"expires":…,"reason":…,"author":…,"created":…}
+//	                                                   bound to a lease that ends when it expires; <limit> is "*"
+//	                                                   for every limit; <match> is k=v,… sorted by k, query-escaped
+//	<prefix>config/plans/<domain>/<match>              {"domain":"api","match":[…],"plan":"pro","author":…,"created":…}
+//	<prefix>regions/<region>/<lease id, hex>           {"region":"us-east","addr":…,"http":…}: a regional enforcer's
+//	                                                   read-only Admin API, bound to its session's lease
 //	<prefix>domains/<domain>/election/<lease id, hex>  one key per campaigner, bound to its session's lease;
 //	                                                   value: its gRPC address; the oldest (lowest create
 //	                                                   revision) leads, and that revision is its term

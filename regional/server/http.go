@@ -31,6 +31,9 @@ type HTTPOptions struct {
 	// Ready reports whether the region is ready for traffic (/readyz);
 	// nil means always.
 	Ready func() error
+	// Status serves the status page (Service.StatusHandler) at GET / and
+	// GET /status; nil serves none.
+	Status http.Handler
 }
 
 // checkBody is the JSON body of POST /v1/check. Each descriptor is an
@@ -52,6 +55,7 @@ type checkBody struct {
 //	GET  /healthz    the process is up
 //	GET  /readyz     the region is ready for traffic
 //	GET  /metrics    Prometheus metrics
+//	GET  /status     the status page (also at /), when HTTPOptions.Status is set
 func (s *Service) HTTPHandler(opts HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", s.httpCheck)
@@ -70,6 +74,10 @@ func (s *Service) HTTPHandler(opts HTTPOptions) http.Handler {
 		}
 		io.WriteString(w, "ready\n")
 	})
+	if opts.Status != nil {
+		mux.Handle("GET /{$}", opts.Status)
+		mux.Handle("GET /status", opts.Status)
+	}
 	if opts.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
 	}

@@ -48,6 +48,7 @@ type Service struct {
 	maxBatch int
 	metrics  *metrics
 	rsv      *reserveState // reserve.go
+	shadow   *shadowLog    // samples would-be rejections of shadow limits (shadowlog.go)
 }
 
 // New returns a Service deciding with engine.
@@ -71,6 +72,7 @@ func New(engine *regional.Engine, opts Options) *Service {
 	}
 	s.metrics = newMetrics(engine, opts.Enforcer, opts.Region, opts.Registry)
 	s.rsv = newReserveState(s, opts)
+	s.shadow = newShadowLog(s.log, DefaultShadowLogRate)
 	return s
 }
 
@@ -169,6 +171,9 @@ func (s *Service) decide(ctx context.Context, now time.Time, it CheckItem, dec *
 	start := time.Now()
 	err := s.checkItems(ctx, now, it.Domain, items, dec)
 	s.metrics.record(it.Domain, dec, err, time.Since(start))
+	if err == nil {
+		s.shadow.observe(now, it, dec)
+	}
 	if err != nil {
 		s.log.Debug("check refused", "domain", it.Domain, "err", err)
 	}

@@ -1,0 +1,30 @@
+// Package admin serves allot.v1.Admin for the coordinator: the operators'
+// API that allotctl is built on. Everything it changes lives in etcd
+// (coordinator/etcdstore), where the regions follow it
+// (regional/configwatch):
+//
+//   - The limits configuration is versioned: ApplyConfig, Rollback and
+//     UpdateLimit (shadow on/off, split/shared) each store a new version
+//     and keep the earlier ones; a rollback is a new version with an
+//     earlier one's YAML, so history only grows.
+//   - Overrides are etcd keys bound to leases: they expire by themselves.
+//   - Plan assignments are etcd keys too, merged after the file's.
+//
+// A bad configuration never gets stored: every write parses and validates
+// the result (allot.ParseConfig, plan floors included) and checks that
+// the fleet's overrides and plan assignments still fit it
+// (allot.Config.WithDynamic). Errors come back as INVALID_ARGUMENT, one
+// problem a line, FILE:LINE: FIELD: MSG.
+//
+// Usage and Status fan out to every regional enforcer registered in etcd
+// (etcdstore.Store.Register), each of which serves the read-only part of
+// the same service (regional/server), and add what etcd knows: the
+// leader of each domain and the persisted shares.
+//
+// A Server is safe for concurrent use; it holds no state besides its
+// connections to the regions.
+//
+//	srv := admin.New(admin.Options{Store: store, Logger: log})
+//	defer srv.Close()
+//	srv.Register(grpcServer)
+package admin
