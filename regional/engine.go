@@ -71,6 +71,9 @@ type Engine struct {
 
 	table *table
 	seed  maphash.Seed
+	// initial gives a limit's share when SetConfig first sees it (nil: 1,
+	// a region alone); guarded by mu.
+	initial func(d *allot.Domain, l *allot.Limit) float64
 }
 
 type compiled struct {
@@ -215,6 +218,9 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 				sh = &limitShares{id: len(e.named)}
 				e.named = append(e.named, [2]string{d.Name, l.Name})
 				sh.def.Store(fullShare)
+				if e.initial != nil {
+					sh.def.Store(&shareHist{prev: e.initial(d, l)})
+				}
 				e.shares[id] = sh
 			}
 			ls := &limitState{
@@ -237,6 +243,15 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 		c.list = append(c.list, ds)
 	}
 	e.cfg.Store(c)
+}
+
+// SetInitialShare sets how a limit that a later SetConfig adds gets its
+// first share: a coordinated region starts new limits at its initial
+// split, never at the whole limit. It affects only limits not seen yet.
+func (e *Engine) SetInitialShare(fn func(d *allot.Domain, l *allot.Limit) float64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.initial = fn
 }
 
 // Config returns the configuration in force.

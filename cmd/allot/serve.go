@@ -137,7 +137,7 @@ func reloadFile(log *slog.Logger, path string, nodes ...*regionNode) error {
 		return err
 	}
 	for _, n := range nodes {
-		n.svc.SetConfig(next)
+		n.setConfig(next)
 	}
 	log.Info("config reloaded", "source", next.Source, "domains", len(next.Domains))
 	return nil
@@ -161,16 +161,19 @@ type regionSpec struct {
 
 // regionNode is one region's running enforcer.
 type regionNode struct {
-	name     string
-	svc      *server.Service
-	gs       *grpc.Server
-	hs       *http.Server
-	grpcAddr string
-	httpAddr string
-	errc     chan error
-	stopLink context.CancelFunc
-	linkDone chan struct{}
-	stopRS   func() // gives leases back and closes the regional store
+	name string
+	svc  *server.Service
+	// setConfig gives the node a new configuration (and, when
+	// coordinated, re-reads its assignments).
+	setConfig func(*allot.Config)
+	gs        *grpc.Server
+	hs        *http.Server
+	grpcAddr  string
+	httpAddr  string
+	errc      chan error
+	stopLink  context.CancelFunc
+	linkDone  chan struct{}
+	stopRS    func() // gives leases back and closes the regional store
 }
 
 // startRegion serves one region: it listens, applies the persisted or
@@ -197,9 +200,12 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 
 	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS}
 	close(n.linkDone)
+	// apply gives the region a new configuration; a coordinated region
+	// also rebuilds its assignment state (set below).
+	apply := svc.SetConfig
 	var follower *configwatch.Follower
 	if spec.follow {
-		follower = configwatch.New(configwatch.Options{Store: spec.store, Apply: svc.SetConfig, Logger: log})
+		follower = configwatch.New(configwatch.Options{Store: spec.store, Apply: func(cfg *allot.Config) { apply(cfg) }, Logger: log})
 	}
 	var applied func(string) (int64, uint64)
 	if len(spec.coordinators) > 0 {
@@ -216,11 +222,18 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			return nil, err
 		}
 		applied = client.Applied
+		apply = func(cfg *allot.Config) {
+			svc.SetConfig(cfg)
+			if err := client.Reconfigure(context.Background()); err != nil {
+				log.Warn("assignments not re-read after a configuration change", "err", err)
+			}
+		}
 		lctx, cancel := context.WithCancel(context.Background())
 		n.stopLink, n.linkDone = cancel, make(chan struct{})
 		go func() { client.Run(lctx); client.Close(); close(n.linkDone) }()
 	}
 
+	n.setConfig = func(cfg *allot.Config) { apply(cfg) }
 	gl, err := net.Listen("tcp", spec.grpcAddr)
 	if err != nil {
 		n.stopLink()

@@ -106,6 +106,15 @@ func (c *Client) Close() {
 // lists this region, the persisted assignment (or the initial split) to
 // the engine. Call it before the region serves traffic, then Run.
 func (c *Client) Start(ctx context.Context) error {
+	// A limit that a later configuration adds starts at this region's
+	// initial split, not at the whole limit, until it is assigned.
+	c.opts.Engine.SetInitialShare(func(d *allot.Domain, l *allot.Limit) float64 {
+		i := slices.Index(d.Regions, c.opts.Region)
+		if i < 0 {
+			return 1 // a domain this region enforces alone
+		}
+		return coordinator.InitialShares(l.Floors, d.Regions)[i]
+	})
 	for _, d := range c.opts.Engine.Config().Domains {
 		if slices.Contains(d.Regions, c.opts.Region) {
 			if _, err := c.start(ctx, d); err != nil {
@@ -114,6 +123,32 @@ func (c *Client) Start(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Reconfigure follows a new configuration of the engine: every linked
+// domain's Applier is rebuilt from the latest persisted assignment, so
+// that assignments of limits the configuration added are accepted. Call
+// it after the engine's SetConfig. A domain added to the configuration is
+// linked at the next start.
+func (c *Client) Reconfigure(ctx context.Context) error {
+	var errs []error
+	for _, d := range c.opts.Engine.Config().Domains {
+		c.mu.Lock()
+		l := c.domains[d.Name]
+		c.mu.Unlock()
+		if l == nil {
+			continue
+		}
+		app, err := c.applier(ctx, d)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		l.mu.Lock()
+		l.applier = app
+		l.mu.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // Run keeps the started domains linked to their coordinators until ctx
@@ -133,6 +168,20 @@ func (c *Client) Run(ctx context.Context) error {
 
 // start applies the domain's persisted (or initial) shares to the engine.
 func (c *Client) start(ctx context.Context, d *allot.Domain) (*link, error) {
+	app, err := c.applier(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	l := &link{domain: d.Name, applier: app, reports: make(chan coordinator.Report, 1)}
+	c.mu.Lock()
+	c.domains[d.Name] = l
+	c.mu.Unlock()
+	return l, nil
+}
+
+// applier reads the domain's persisted assignment (or none), applies its
+// shares to the engine and returns the Applier that continues from it.
+func (c *Client) applier(ctx context.Context, d *allot.Domain) (*coordinator.Applier, error) {
 	var snap coordinator.Snapshot
 	if c.opts.Snapshot != nil {
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -160,12 +209,8 @@ func (c *Client) start(ctx context.Context, d *allot.Domain) (*link, error) {
 			c.setShare(now, d.Name, coordinator.Share{Limit: rec.Limit, Key: rec.Key, Value: app.Share(rec.Limit, rec.Key)})
 		}
 	}
-	l := &link{domain: d.Name, applier: app, reports: make(chan coordinator.Report, 1)}
-	c.mu.Lock()
-	c.domains[d.Name] = l
-	c.mu.Unlock()
 	c.log.Info("shares applied from the persisted assignment", "domain", d.Name, "term", snap.Term, "version", snap.Version)
-	return l, nil
+	return app, nil
 }
 
 func (c *Client) setShare(now time.Time, domain string, s coordinator.Share) {
