@@ -352,12 +352,16 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		hist := w.ls.shares.hist(w.key)
 		base := w.p
 		w.p = base.scaled(hist.current())
-		if idx := sh.find(w.key); idx >= 0 {
-			if w.same < 0 {
-				hist.catchUp(&sh.slots[idx], base)
-			}
-		} else {
-			fresh(&sh.slots[sh.insert(w.key)], now, w.p)
+		ss, stale := t.sharedWork(w, base, hist.current(), now) // shared mode (shared.go)
+		idx, created := sh.find(w.key), false
+		if idx < 0 {
+			idx, created = sh.insert(w.key), true
+			fresh(&sh.slots[idx], now, w.p)
+		} else if w.same < 0 && ss == nil {
+			hist.catchUp(&sh.slots[idx], base)
+		}
+		if ss != nil && w.same < 0 {
+			t.inject(sh, idx, w, ss, items, now, created, stale)
 		}
 	}
 	slotOf := func(w *work) *slot {
@@ -434,6 +438,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 // burst or less) or already counted as hot. The caller holds the shard's
 // lock.
 func (t *table) count(items []Item, w *work, st *allot.LimitStatus, admitted bool) {
+	t.noteRejected(items, w, st) // it may borrow (borrow.go)
 	id := w.ls.shares.id
 	if id < 0 {
 		return // a descriptor's own limit: not coordinated

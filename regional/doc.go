@@ -93,6 +93,26 @@
 //	// every few hundred ms:
 //	rs.Tick(ctx, now)
 //
+// Other regions (peer.go, shared.go, borrow.go, counts.go): after
+// SetPeers, shared-mode limits are decided as a sliding window that admits
+// own + Σ known others + cost ≤ L, the others' counts coming from the
+// peers' G-counter slots (crdt); while a peer is silent for stale_after,
+// or has lost deltas not yet resynced, the limit falls back to the
+// region's split share. Split-mode limits with local enforcement borrow
+// unused allowance from peers when exhausted, and lend theirs; the lender
+// deducts before it grants, so a loan moves allowance and never creates
+// it. A region of several instances sums their counts in a CountStore
+// (docs/adr/0002-shared-mode-slots-across-instances.md). The driver,
+// regional/peersync, ticks a few times per sync interval:
+//
+//	batches := e.SyncOut(now)                 // to every peer, in order
+//	resync, err := e.Inbound(now, src, batch) // from a peer; on resync, ask for its FullState
+//	e.Heard(now, peer)                        // every message, heartbeats too
+//	for _, a := range e.LoanAsks(now) {       // Lend on a.Peer, then
+//		e.Credit(now, a, grant, err)
+//	}
+//	grant, err := e.Lend(now, req) // a peer's ask
+//
 // A driver (the gRPC/HTTP edge, or the simulator) calls it like this:
 //
 //	e := regional.New(cfg, regional.Options{})

@@ -245,7 +245,7 @@ func route(ws []work, steps []step) []step {
 		w := &ws[i]
 		s := step{base: w.p}
 		switch l := w.ls.l; {
-		case l.Unlimited || l.Enforcement == allot.Local:
+		case l.Unlimited || l.Enforcement == allot.Local || decidedInEngine(w):
 		case l.Enforcement == allot.Leased && w.cost > 0:
 			s.kind = byLease
 		default:

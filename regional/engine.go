@@ -74,6 +74,7 @@ type Engine struct {
 	// initial gives a limit's share when SetConfig first sees it (nil: 1,
 	// a region alone); guarded by mu.
 	initial func(d *allot.Domain, l *allot.Limit) float64
+	peer    atomic.Pointer[peerState] // set once by SetPeers (peer.go)
 }
 
 type compiled struct {
@@ -117,6 +118,7 @@ type limitShares struct {
 	id   int // index of the limit's demand counters in each shard
 	def  atomic.Pointer[shareHist]
 	keys atomic.Pointer[map[uint64]*keyShare]
+	sync atomic.Pointer[limitSync] // the link to other regions, after SetPeers (peer.go)
 }
 
 // keyShare is a hot key's own share.
@@ -242,6 +244,7 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 		c.domains[d.Name] = ds
 		c.list = append(c.list, ds)
 	}
+	e.attachSync(c)
 	e.cfg.Store(c)
 }
 

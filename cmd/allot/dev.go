@@ -129,6 +129,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("dev: --http-addr: %w", err)
 		}
 		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log}
+		// Shared-mode counters and loans between the regions (peers.go).
+		spec.peers = devPeers(names, f.grpcAddr, i)
 		spec.store, spec.follow = store, true // regions follow the configuration in etcd and register
 		if coordAdvertise != "" {
 			spec.coordinators = []string{coordAdvertise}

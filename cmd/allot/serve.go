@@ -78,6 +78,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.redis, "redis", "", "regional Redis for leased and exact limits: ADDR, or a Cluster's seed nodes ADDR,ADDR... with --redis-cluster; without it they are enforced in memory")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "--redis names a Redis Cluster")
 	fs.DurationVar(&f.storeTimeout, "store-timeout", regional.DefaultStoreTimeout, "deadline of each regional store call on the request path; past it, a limit's on_failure decides")
+	peerList := fs.String("peers", "", "the other regions and their enforcers' gRPC address, NAME=ADDR,...: shared-mode counters and loans (allot.v1.Peer)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot regional --config FILE --region NAME [flags]\n\nServes one region's enforcer. SIGHUP reloads --config; SIGINT/SIGTERM stop gracefully.")
 		fs.PrintDefaults()
@@ -90,6 +91,10 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if f.config == "" && f.etcd == "" {
 		return errors.New("regional: --config or --etcd is required (allot dev runs the built-in example)")
+	}
+	peers, err := parsePeers(*peerList, f.region)
+	if err != nil {
+		return fmt.Errorf("regional: %w", err)
 	}
 	log, err := f.logger(stderr)
 	if err != nil {
@@ -118,7 +123,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
-		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout,
+		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, peers: peers,
 	})
 	if err != nil {
 		return err
@@ -157,6 +162,7 @@ type regionSpec struct {
 	redis              []string // the regional store; none: leased and exact limits in memory
 	redisCluster       bool
 	storeTimeout       time.Duration
+	peers              map[string]string // other regions → gRPC address (peers.go)
 }
 
 // regionNode is one region's running enforcer.
@@ -256,6 +262,12 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	n.gs = grpc.NewServer()
 	svc.RegisterGRPC(n.gs)
 	svc.RegisterAdmin(n.gs, aopts)
+	if err := startPeers(spec, engine, n, reg, log); err != nil {
+		gl.Close()
+		hl.Close()
+		n.stopLink()
+		return nil, err
+	}
 	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Status: svc.StatusHandler(aopts)}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { n.errc <- n.gs.Serve(gl) }()
 	go func() { n.errc <- n.hs.Serve(hl) }()

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/peersync"
+	"github.com/allot-dev/allot/regional/redisstore"
+)
+
+// parsePeers reads --peers: NAME=ADDR,NAME=ADDR... (the other regions and
+// the gRPC address of their enforcers).
+func parsePeers(s, region string) (map[string]string, error) {
+	peers := map[string]string{}
+	for _, p := range splitList(s) {
+		name, addr, ok := strings.Cut(p, "=")
+		name, addr = strings.TrimSpace(name), strings.TrimSpace(addr)
+		switch {
+		case !ok || name == "" || addr == "":
+			return nil, fmt.Errorf("--peers: want NAME=ADDR, got %q", p)
+		case name == region:
+			return nil, fmt.Errorf("--peers: %q is this region", name)
+		case peers[name] != "":
+			return nil, fmt.Errorf("--peers: region %q given twice", name)
+		}
+		peers[name] = addr
+	}
+	return peers, nil
+}
+
+// startPeers links a region to its peers (spec.peers): it serves
+// allot.v1.Peer on the node's gRPC server and syncs shared-mode counters
+// and loans until the node stops. With --redis, the region's instances
+// share their counts in it (a connection of its own, without metrics:
+// the enforcer's store exports them).
+func startPeers(spec regionSpec, engine *regional.Engine, n *regionNode, reg prometheus.Registerer, log *slog.Logger) error {
+	if len(spec.peers) == 0 {
+		return nil
+	}
+	opts := peersync.Options{Region: spec.name, Engine: engine, Peers: spec.peers, Registry: reg, Logger: log}
+	closeCounts := func() {}
+	if len(spec.redis) > 0 {
+		rs, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
+			Prefix: redisstore.DefaultPrefix + spec.name + ":counts:", Logger: log})
+		if err != nil {
+			return err
+		}
+		opts.Counts, closeCounts = rs, func() { rs.Close() }
+	}
+	s, err := peersync.New(opts)
+	if err != nil {
+		closeCounts()
+		return err
+	}
+	s.Register(n.gs)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); s.Close(); closeCounts(); close(done) }()
+	stopRS := n.stopRS
+	n.stopRS = func() { cancel(); <-done; stopRS() }
+	log.Info("linked to peer regions", "peers", fmt.Sprint(spec.peers))
+	return nil
+}
+
+// devPeers are the peers of region i of allot dev: the other regions, at
+// the first region's gRPC port + 10·j. None when the port is 0 (chosen
+// by the system, so unknown in advance).
+func devPeers(names []string, grpcAddr string, i int) map[string]string {
+	peers := map[string]string{}
+	for j, name := range names {
+		addr, err := offsetAddr(grpcAddr, 10*j)
+		if err != nil || addr == grpcAddr && j > 0 {
+			return nil
+		}
+		if j != i {
+			peers[name] = addr
+		}
+	}
+	return peers
+}

@@ -1,0 +1,696 @@
+package regional
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/crdt"
+)
+
+// Shared mode. A shared-mode key is decided as a sliding window over the
+// limit's period that admits L, the key's effective amount, where the
+// window's counts are this instance's own plus every other region's slot
+// of the key's G-counter (and, for a region of several instances, the
+// other instances' counts): own_r(w) + Σ_{s≠r} known_s(w) + cost ≤ L,
+// estimated over the current and previous windows.
+//
+// The key's slot in the table holds those sums. Its side entry
+// (sharedKey) remembers what part of them is the others' (inj), so that
+// the own counts are the slot's less inj; before each decision the
+// latest known others are put in place of inj. While a peer is stale the
+// others are taken out and the window admits share × L: the region's
+// split share.
+//
+// Every tick the driver collects the own counts that changed
+// (CollectCounts), sets the region's slot in the limit's crdt.Store
+// (PublishCounts) and sends the deltas (Outbound) to every peer; what
+// peers send comes in through Inbound.
+
+// pair holds a value for a window w and the one before it.
+type pair struct {
+	w         uint64
+	cur, prev float64
+}
+
+// at returns the values for windows w and w−1.
+func (p pair) at(w uint64) (cur, prev float64) {
+	switch {
+	case p.w == w:
+		return p.cur, p.prev
+	case p.w+1 == w:
+		return 0, p.cur
+	case p.w == w+1:
+		return p.prev, 0
+	}
+	return 0, 0
+}
+
+// raise sets the value of window w to at least v; windows older than
+// the pair's previous one are dropped.
+func (p *pair) raise(w uint64, v float64) {
+	switch {
+	case w == p.w:
+		p.cur = max(p.cur, v)
+	case w+1 == p.w:
+		p.prev = max(p.prev, v)
+	case w == p.w+1:
+		p.w, p.prev, p.cur = w, p.cur, v
+	case w > p.w:
+		p.w, p.prev, p.cur = w, 0, v
+	}
+}
+
+// roll moves the pair to window w, forgetting what w leaves behind.
+func (p *pair) roll(w uint64) {
+	switch {
+	case w == p.w+1:
+		p.w, p.prev, p.cur = w, p.cur, 0
+	case w > p.w+1:
+		p.w, p.prev, p.cur = w, 0, 0
+	}
+}
+
+// sharedKey is a shared-mode key's sync state. The lock of its table
+// shard guards it.
+type sharedKey struct {
+	ss     *limitSync
+	key    uint64
+	name   string  // as wireKey names it: the key on the wire
+	limit  float64 // L per window, as last decided
+	dirty  bool    // in its side shard's dirty list
+	sentAt int64   // unix ns of the last collection
+	inj    pair    // the others' counts the slot holds
+	pub    pair    // own counts collected
+	peers  pair    // Σ of the other regions' slots
+	sibs   pair    // Σ of the region's other instances
+}
+
+// sharedWork returns the link of a work decided in shared mode, with its
+// params set: a sliding window over the limit's period that admits L, or
+// share × L while a peer is stale. It returns nil for every other work,
+// and for a table other than the engine's; a split-mode work gets the
+// loans its key was credited in the window. The caller holds the key's
+// shard lock.
+func (t *table) sharedWork(w *work, base params, share float64, now int64) (*limitSync, bool) {
+	ss := w.ls.shares.sync.Load()
+	if ss == nil || ss.ps.table != t {
+		return nil, false
+	}
+	if !ss.shared {
+		ss.borrowed(w, now) // split mode: loans credited in this window (borrow.go)
+		return nil, false
+	}
+	amount := base.amount
+	if base.period != ss.period && base.period > 0 { // an override's own period: per window
+		amount = amount * float64(ss.period) / float64(base.period)
+	}
+	stale := ss.stale(now)
+	if stale {
+		amount *= share
+	}
+	w.p = params{alg: allot.SlidingWindow, amount: amount, burst: amount, period: ss.period}
+	return ss, stale
+}
+
+// inject puts the latest known others' counts in the slot of a shared
+// work (at index i of sh, created says just now), none while stale, and
+// marks the key for collection. The caller holds sh.mu.
+func (t *table) inject(sh *shard, i int, w *work, ss *limitSync, items []Item, now int64, created, stale bool) {
+	side := &ss.ps.side[shardOf(w.key)]
+	sk := side.shared[w.key]
+	if sk == nil || sk.ss != ss {
+		if w.item >= len(items) {
+			return
+		}
+		if side.shared == nil {
+			side.shared = make(map[uint64]*sharedKey)
+		}
+		sk = &sharedKey{ss: ss, key: w.key, name: wireKey(w.ls.l, items[w.item].Descriptor), limit: ss.amount}
+		side.shared[w.key] = sk
+	}
+	s := &sh.slots[i]
+	roll(s, now, w.p)
+	win := uint64(s.t / w.p.period)
+	if created { // evicted and made again: the own counts come back from what was collected
+		s.a, s.b = sk.pub.at(win)
+		sk.inj = pair{w: win}
+	}
+	sk.inj.roll(win)
+	var cur, prev float64
+	if stale {
+		ss.fallbackDec.Add(1)
+	} else {
+		pc, pp := sk.peers.at(win)
+		sc, sp := sk.sibs.at(win)
+		cur, prev = pc+sc, pp+sp
+		sk.limit = w.p.amount
+	}
+	s.a += cur - sk.inj.cur
+	s.b += prev - sk.inj.prev
+	sk.inj.cur, sk.inj.prev = cur, prev
+	if !sk.dirty {
+		sk.dirty = true
+		side.dirty = append(side.dirty, sk)
+	}
+}
+
+// decidedInEngine reports whether a work of a store-backed limit is
+// decided by the engine anyway: shared mode syncs the instances of a
+// region through their slots, not through the store's buckets.
+func decidedInEngine(w *work) bool {
+	ss := w.ls.shares.sync.Load()
+	return ss != nil && ss.shared
+}
+
+// Count is this instance's own count of a shared-mode key in one window.
+type Count struct {
+	Domain, Limit string
+	Key           string // as KeyString names it, less "limit:" (the key on the wire)
+	Window        uint64 // floor(unix_ms / period_ms)
+	Period        time.Duration
+	Value         uint64
+}
+
+// PeerCount is another region's slot of a key in a window.
+type PeerCount struct {
+	Region string
+	Value  uint64
+}
+
+// RegionCount is a key's window as the region's instances share it (see
+// CountStore): Value is this instance's count as merged, Region the sum
+// over the region's instances, Value included, and Peers the other
+// regions' slots the region has received.
+type RegionCount struct {
+	Count
+	Region uint64
+	Peers  []PeerCount
+}
+
+// CollectCounts returns the own counts of the shared-mode keys that are
+// due for publication: changed, and either not published for their
+// limit's sync interval, or changed by 1% of their limit or more (hot
+// keys go out at every tick), or in a window that has just ended. With
+// touched, it also returns keys decided but unchanged since their sync
+// interval, so that a region of several instances refreshes what the
+// others counted. Idle keys are not returned.
+func (e *Engine) CollectCounts(now time.Time, touched bool) []Count {
+	ps := e.peer.Load()
+	if ps == nil {
+		return nil
+	}
+	t := now.UnixNano()
+	var out []Count
+	for i := range ps.side {
+		side, sh := &ps.side[i], &e.table.shards[i]
+		sh.mu.Lock()
+		if len(side.dirty) == 0 {
+			sh.mu.Unlock()
+			continue
+		}
+		kept := side.dirty[:0]
+		for _, sk := range side.dirty {
+			if sk.collect(sh, t, touched, &out) {
+				kept = append(kept, sk)
+			} else {
+				sk.dirty = false
+			}
+		}
+		clear(side.dirty[len(kept):])
+		side.dirty = kept
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// collect appends sk's own counts to out when they are due, and reports
+// whether sk stays dirty (changed, not due yet). The caller holds sh.mu.
+func (sk *sharedKey) collect(sh *shard, now int64, touched bool, out *[]Count) bool {
+	ss := sk.ss
+	idx := sh.find(sk.key)
+	if idx < 0 {
+		return false
+	}
+	s := &sh.slots[idx]
+	win := uint64(s.t / ss.period)
+	if sk.inj.w != win {
+		return false // not a slot inject prepared
+	}
+	own, ownPrev := max(0, s.a-sk.inj.cur), max(0, s.b-sk.inj.prev)
+	pub, pubPrev := sk.pub.at(win)
+	changed, ended := own > pub, ownPrev > pubPrev
+	interval := now-sk.sentAt >= ss.syncEvery
+	if !changed && !ended && !(touched && interval) {
+		return false
+	}
+	if !ended && !interval && own-pub < hotFraction*sk.limit {
+		return true
+	}
+	slot := func(w uint64, v float64) Count {
+		return Count{Domain: ss.domain, Limit: ss.limit, Key: sk.name, Window: w, Period: time.Duration(ss.period), Value: uint64(v)}
+	}
+	if ended {
+		*out = append(*out, slot(win-1, ownPrev))
+		sk.pub.raise(win-1, ownPrev)
+	}
+	*out = append(*out, slot(win, max(own, pub)))
+	sk.pub.raise(win, own)
+	sk.sentAt = now
+	return false
+}
+
+// PublishCounts sets the region's slot of each key and window to the sum
+// over its instances, and takes the other instances' counts and the
+// peers' slots into account for the next decisions. A region of one
+// instance passes its collected slots with Region equal to Value (see
+// SyncOut); a region of several merges them in a CountStore first.
+func (e *Engine) PublishCounts(now time.Time, slots []RegionCount) {
+	ps := e.peer.Load()
+	if ps == nil {
+		return
+	}
+	for _, rs := range slots {
+		ls, ss, err := e.syncOf(rs.Domain, rs.Limit)
+		if err != nil || ss == nil || !ss.shared {
+			continue
+		}
+		h, err := e.wireKeyOf(ls, rs.Key)
+		if err != nil {
+			continue
+		}
+		ss.mu.Lock()
+		if ss.store.Apply(crdt.Delta{Key: rs.Key, Window: rs.Window, Origin: ps.region, Value: rs.Region}) != nil {
+			ss.mu.Unlock()
+			continue // an old window
+		}
+		for _, p := range rs.Peers {
+			if slices.Contains(ss.expected, p.Region) {
+				ss.store.Apply(crdt.Delta{Key: rs.Key, Window: rs.Window, Origin: p.Region, Value: p.Value})
+			}
+		}
+		peers := ss.othersAt(rs.Key, rs.Window)
+		ss.mu.Unlock()
+		sibs := float64(rs.Region - min(rs.Value, rs.Region))
+		e.withSharedKey(ss, ls, h, rs.Key, func(sk *sharedKey) {
+			sk.sibs.raise(rs.Window, sibs)
+			sk.peers.raise(rs.Window, peers)
+		})
+	}
+}
+
+// othersAt is the sum of the other regions' slots of key in window w.
+// The caller holds ss.mu.
+func (ss *limitSync) othersAt(key string, w uint64) float64 {
+	return float64(ss.store.Value(key, w) - ss.store.Slot(key, w, ss.ps.region))
+}
+
+// withSharedKey runs f on the side entry of key h (named name), made if
+// needed, under its shard's lock.
+func (e *Engine) withSharedKey(ss *limitSync, ls *limitState, h uint64, name string, f func(*sharedKey)) {
+	sh := &e.table.shards[shardOf(h)]
+	side := &ss.ps.side[shardOf(h)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sk := side.shared[h]
+	if sk == nil || sk.ss != ss {
+		if side.shared == nil {
+			side.shared = make(map[uint64]*sharedKey)
+		}
+		sk = &sharedKey{ss: ss, key: h, name: name, limit: ss.amount}
+		side.shared[h] = sk
+	}
+	f(sk)
+}
+
+// Batch is the deltas of one shared-mode limit, as they travel between
+// regions (encoded with crdt.AppendBatch).
+type Batch struct {
+	Domain, Limit string
+	Deltas        []crdt.Delta
+	// Full: the deltas are the origin's whole state as of sequence
+	// number Seq, for a peer that must resync. In a batch without
+	// deltas that is not Full, Seq is the origin's last sequence number
+	// (a mark, sent when a limit has had no deltas for a sync interval):
+	// a receiver that saw less lost the last deltas.
+	Full bool
+	Seq  uint64
+}
+
+// SyncOut is a tick of a region of one instance: it collects the due
+// counts, publishes them as the region's slots and returns the batches
+// to send to every peer. Call it every tick (a fraction of the shortest
+// sync interval); it also sweeps idle keys once a second.
+func (e *Engine) SyncOut(now time.Time) []Batch {
+	e.PublishCounts(now, Alone(e.CollectCounts(now, false)))
+	return e.Outbound(now)
+}
+
+// Outbound returns the deltas of every region slot that changed since
+// the previous call, one batch per limit (more for very many keys), with
+// the next sequence numbers. Send every batch to every peer, in order: a
+// peer that misses one sees a gap and asks for a resync. It drops the
+// windows that no longer count and, once a second, sweeps idle keys.
+func (e *Engine) Outbound(now time.Time) []Batch {
+	ps := e.peer.Load()
+	if ps == nil {
+		return nil
+	}
+	e.maintain(now)
+	var out []Batch
+	for _, ss := range e.syncs() {
+		if !ss.shared {
+			continue
+		}
+		t := now.UnixNano()
+		ss.mu.Lock()
+		ss.store.Advance(ss.window(t))
+		var ds []crdt.Delta
+		ds, ss.version = ss.store.DeltasSince(ss.version)
+		ss.stats.DeltasOut += uint64(len(ds))
+		mark := len(ds) == 0 && ss.lastSeq > 0 && t >= ss.nextMark
+		if n := len(ds); n > 0 {
+			ss.lastSeq = ds[n-1].Seq
+		}
+		if n := len(ds); n > 0 || mark {
+			ss.nextMark = t + ss.syncEvery
+		}
+		seq := ss.lastSeq
+		ss.mu.Unlock()
+		if mark {
+			out = append(out, Batch{Domain: ss.domain, Limit: ss.limit, Seq: seq})
+		}
+		for len(ds) > 0 {
+			n := min(len(ds), crdt.MaxBatch)
+			out = append(out, Batch{Domain: ss.domain, Limit: ss.limit, Deltas: ds[:n:n]})
+			ds = ds[n:]
+		}
+	}
+	return out
+}
+
+// FullStates returns the region's whole state of every shared-mode
+// limit: what a new stream to a peer starts with.
+func (e *Engine) FullStates() []Batch {
+	var out []Batch
+	for _, ss := range e.syncs() {
+		if ss.shared {
+			out = append(out, ss.full())
+		}
+	}
+	return out
+}
+
+// FullState returns the region's whole state of one shared-mode limit,
+// for a peer that asked for a resync. Send it in order with the batches
+// of Outbound.
+func (e *Engine) FullState(domain, limit string) (Batch, error) {
+	_, ss, err := e.syncOf(domain, limit)
+	if err != nil {
+		return Batch{}, err
+	}
+	if ss == nil || !ss.shared {
+		return Batch{}, fmt.Errorf("%w: %s/%s", ErrNotShared, domain, limit)
+	}
+	return ss.full(), nil
+}
+
+func (ss *limitSync) full() Batch {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ds, seq := ss.store.FullState()
+	ss.lastSeq = max(ss.lastSeq, seq)
+	return Batch{Domain: ss.domain, Limit: ss.limit, Deltas: ds, Full: true, Seq: seq}
+}
+
+// Source says where a batch comes from: the peer region, whose slot
+// every delta must be, and the stream, whose sequence numbers are
+// tracked on their own (a new stream starts with a full state).
+type Source struct {
+	Region string
+	Stream string
+}
+
+// Inbound merges a batch from a peer. It reports resync when the
+// batch's sequence numbers show lost deltas: the driver then asks the
+// peer for the limit's full state (FullState on its side), and the
+// peer's keys of that limit count as stale here until it arrives or
+// stale_after passes. Duplicated, late or reordered batches are
+// harmless: slots merge by maximum. A batch with an error is not applied
+// at all: ErrUnknownPeer, ErrUnknownDomain, ErrUnknownLimit, ErrNotShared,
+// ErrBadDescriptor (a key that is not one of the limit's) or ErrBadDelta.
+func (e *Engine) Inbound(now time.Time, from Source, b Batch) (resync bool, err error) {
+	ps := e.peer.Load()
+	if ps == nil {
+		return false, ErrNoPeers
+	}
+	if !ps.isPeer(from.Region) {
+		return false, fmt.Errorf("%w %q", ErrUnknownPeer, from.Region)
+	}
+	ls, ss, err := e.syncOf(b.Domain, b.Limit)
+	if err != nil {
+		return false, err
+	}
+	if ss == nil || !ss.shared {
+		return false, fmt.Errorf("%w: %s/%s", ErrNotShared, b.Domain, b.Limit)
+	}
+	t := now.UnixNano()
+	horizon := ss.window(t) + maxAhead
+	hashes := make([]uint64, len(b.Deltas))
+	for i, d := range b.Deltas {
+		switch {
+		case d.Origin != from.Region:
+			return false, fmt.Errorf("%w: a delta of region %q from region %q", ErrBadDelta, d.Origin, from.Region)
+		case d.Window > horizon:
+			return false, fmt.Errorf("%w: window %d is ahead of this region's clock (window %d)", ErrBadDelta, d.Window, horizon-maxAhead)
+		}
+		if i > 0 && d.Key == b.Deltas[i-1].Key {
+			hashes[i] = hashes[i-1]
+			continue
+		}
+		if hashes[i], err = e.wireKeyOf(ls, d.Key); err != nil {
+			return false, err
+		}
+	}
+	type keyWin struct {
+		i      int
+		others float64
+	}
+	touched := make([]keyWin, 0, len(b.Deltas))
+	ss.mu.Lock()
+	tr := ss.trackers[from.Stream]
+	if tr == nil {
+		tr = new(crdt.Tracker)
+		ss.trackers[from.Stream] = tr
+	}
+	if !b.Full && len(b.Deltas) == 0 && b.Seq > tr.Last(from.Stream) {
+		resync = true // a mark: the last deltas were lost
+	}
+	for i, d := range b.Deltas {
+		if !b.Full && tr.Observe(from.Stream, d.Seq) == crdt.Gap {
+			resync = true
+		}
+		if err := ss.store.Apply(d); errors.Is(err, crdt.ErrOldWindow) {
+			ss.stats.OldDeltas++
+			continue
+		}
+		touched = append(touched, keyWin{i: i})
+	}
+	for j := range touched {
+		d := &b.Deltas[touched[j].i]
+		touched[j].others = ss.othersAt(d.Key, d.Window)
+	}
+	ss.stats.DeltasIn += uint64(len(b.Deltas))
+	switch {
+	case b.Full:
+		tr.Reset(from.Stream, b.Seq)
+		if ss.pending[from.Stream] != nil {
+			delete(ss.pending, from.Stream)
+			ss.stats.Resyncs++
+		}
+	case resync:
+		ss.stats.Gaps++
+		if ss.pending[from.Stream] == nil {
+			ss.pending[from.Stream] = &pendingSync{region: from.Region, since: t, asked: t}
+		}
+	}
+	ss.mu.Unlock()
+	for _, kw := range touched {
+		d := &b.Deltas[kw.i]
+		e.withSharedKey(ss, ls, hashes[kw.i], d.Key, func(sk *sharedKey) { sk.peers.raise(d.Window, kw.others) })
+	}
+	return resync, nil
+}
+
+// PendingResyncs returns the limits whose full state is still awaited on
+// a stream and was last asked for a sync interval ago or more: the
+// driver asks again (a request or its answer may have been lost).
+func (e *Engine) PendingResyncs(now time.Time, stream string) []Batch {
+	t := now.UnixNano()
+	var out []Batch
+	for _, ss := range e.syncs() {
+		ss.mu.Lock()
+		if p := ss.pending[stream]; p != nil && t-p.asked >= ss.syncEvery {
+			p.asked = t
+			out = append(out, Batch{Domain: ss.domain, Limit: ss.limit})
+		}
+		ss.mu.Unlock()
+	}
+	return out
+}
+
+// Forget drops what is tracked of a stream that ended.
+func (e *Engine) Forget(stream string) {
+	for _, ss := range e.syncs() {
+		ss.mu.Lock()
+		delete(ss.trackers, stream)
+		delete(ss.pending, stream)
+		ss.mu.Unlock()
+	}
+}
+
+// maintain counts the fallbacks that started and, once a second, sweeps
+// the side entries of keys whose windows no longer count and takes the
+// top-K estimates of the last complete window.
+func (e *Engine) maintain(now time.Time) {
+	ps := e.peer.Load()
+	t := now.UnixNano()
+	syncs := e.syncs()
+	for _, ss := range syncs {
+		stale := ss.shared && ss.stale(t)
+		if stale && !ss.fallbackActive.Load() {
+			ss.mu.Lock()
+			ss.stats.Fallbacks++
+			ss.mu.Unlock()
+		}
+		ss.fallbackActive.Store(stale)
+	}
+	ps.mu.Lock()
+	due := t >= ps.nextMaintain
+	if due {
+		ps.nextMaintain = t + maintainEvery
+	}
+	ps.mu.Unlock()
+	if !due {
+		return
+	}
+	top := make(map[*limitSync][]KeyEstimate)
+	for i := range ps.side {
+		side, sh := &ps.side[i], &e.table.shards[i]
+		sh.mu.Lock()
+		for h, sk := range side.shared {
+			w := sk.ss.window(t)
+			if !sk.dirty && max(sk.inj.w, sk.pub.w, sk.peers.w, sk.sibs.w)+2 <= w {
+				delete(side.shared, h)
+				continue
+			}
+			if w == 0 {
+				continue
+			}
+			own, _ := sk.pub.at(w - 1)
+			sibs, _ := sk.sibs.at(w - 1)
+			peers, _ := sk.peers.at(w - 1)
+			k := KeyEstimate{Key: sk.ss.limit + ":" + sk.name, Window: w - 1, Total: own + sibs + peers, Limit: sk.limit}
+			if k.Total > 0 {
+				top[sk.ss] = pushTop(top[sk.ss], k)
+			}
+		}
+		for h, nk := range side.needy {
+			// An answer still awaited after a window is not coming.
+			if w := nk.ss.window(t); nk.window < w && (nk.loan == 0 || nk.window+1 < w) {
+				delete(side.needy, h)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, ss := range syncs {
+		if ss.shared {
+			ss.mu.Lock()
+			ss.topK = top[ss]
+			ss.mu.Unlock()
+		}
+	}
+}
+
+// pushTop keeps the topK heaviest estimates, heaviest first.
+func pushTop(ks []KeyEstimate, k KeyEstimate) []KeyEstimate {
+	i, _ := slices.BinarySearchFunc(ks, k, func(a, b KeyEstimate) int { return cmp.Compare(b.Total, a.Total) })
+	if i >= topK {
+		return ks
+	}
+	ks = slices.Insert(ks, i, k)
+	if len(ks) > topK {
+		ks = ks[:topK]
+	}
+	return ks
+}
+
+// OvershootBound is the most a shared-mode limit may admit above L in
+// steady state: rate × (sync interval + delay) × (regions − 1), where
+// delay is the one-way delay between regions.
+func (s SyncStats) OvershootBound(delay time.Duration) float64 {
+	if s.Rate.Period <= 0 || s.Regions < 2 {
+		return 0
+	}
+	rate := float64(s.Rate.Amount) / s.Rate.Period.Seconds()
+	return rate * (s.SyncInterval + delay).Seconds() * float64(s.Regions-1)
+}
+
+// PartitionBound is the most a shared-mode limit may admit above L while
+// a peer is cut off: rate × stale_after × (regions − 1).
+func (s SyncStats) PartitionBound() float64 {
+	if s.Rate.Period <= 0 || s.Regions < 2 {
+		return 0
+	}
+	return float64(s.Rate.Amount) / s.Rate.Period.Seconds() * s.StaleAfter.Seconds() * float64(s.Regions-1)
+}
+
+// SharedView returns every region's slot of a shared-mode key (named as
+// KeyString names it) in a window, as this region knows them: its own
+// (the sum over its instances, as last published) and its peers'. For
+// status pages, tools and tests.
+func (e *Engine) SharedView(domain, limit, key string, window uint64) (map[string]uint64, error) {
+	_, ss, err := e.syncOf(domain, limit)
+	if err != nil {
+		return nil, err
+	}
+	if ss == nil || !ss.shared {
+		return nil, fmt.Errorf("%w: %s/%s", ErrNotShared, domain, limit)
+	}
+	key = strings.TrimPrefix(key, limit+":")
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	out := map[string]uint64{ss.ps.region: ss.store.Slot(key, window, ss.ps.region)}
+	for _, p := range ss.expected {
+		out[p] = ss.store.Slot(key, window, p)
+	}
+	return out, nil
+}
+
+// Window returns the window id of now for a limit that syncs with peers:
+// floor(unix_ms / period_ms).
+func (e *Engine) Window(domain, limit string, now time.Time) (uint64, error) {
+	_, ss, err := e.syncOf(domain, limit)
+	if err != nil {
+		return 0, err
+	}
+	if ss == nil {
+		return 0, fmt.Errorf("%w: %s/%s", ErrNotShared, domain, limit)
+	}
+	return ss.window(now.UnixNano()), nil
+}
+
+// wireKey names a key of limit l on the wire: as KeyString does, less
+// the limit's name, which every batch carries once ("user=42").
+func wireKey(l *allot.Limit, d allot.Descriptor) string {
+	return KeyString(l, d)[len(l.Name)+1:]
+}
+
+// wireKeyOf hashes a key named as wireKey names it.
+func (e *Engine) wireKeyOf(ls *limitState, key string) (uint64, error) {
+	return e.keyOf(ls, ls.l.Name+":"+key)
+}
