@@ -160,3 +160,15 @@ func TestRefundItems(t *testing.T) {
 		t.Fatalf("unknown domain: %v", err)
 	}
 }
+
+func TestCheckItemsManyKeys(t *testing.T) {
+	e := New(mustConfig(t, "domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 10/s}\n"), Options{})
+	items := make([]Item, MaxItems)
+	for i := range items {
+		items[i] = Item{Descriptor: user(string(rune('A' + i))), Hits: 1}
+	}
+	var dec allot.Decision
+	if err := e.CheckItems(t0, "api", items, &dec); err != nil || !dec.Allowed || len(dec.Statuses) != MaxItems {
+		t.Fatalf("%d keys in one request: allowed=%v statuses=%d err=%v", MaxItems, dec.Allowed, len(dec.Statuses), err)
+	}
+}

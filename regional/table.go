@@ -192,7 +192,7 @@ func (s *shard) makeRoom(now int64) {
 // order, each once, and unlocks them together.
 type lockSet struct {
 	n   int
-	ids [maxInline]uint8
+	ids [numShards]uint8 // every shard at most once
 }
 
 func (l *lockSet) lock(t *table, keys []uint64) {
