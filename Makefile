@@ -28,6 +28,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzParseEnvoyConfig -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=30s ./crdt
+	$(GO) test -run='^$$' -fuzz=FuzzCheckItems -fuzztime=30s ./regional
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMessage -fuzztime=30s ./regional/peersync
 
 ## dev: the embedded default (gRPC 127.0.0.1:8081, HTTP 127.0.0.1:8080)
