@@ -23,6 +23,7 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/regional/server"
 )
 
 // coordinatorFlags are the flags of `allot coordinator`.
@@ -99,7 +100,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(server.Recovery(log)...)
 	srv.Register(gs)
 	adm := admin.New(admin.Options{Store: store, Logger: log})
 	defer adm.Close()

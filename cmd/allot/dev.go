@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/regional/server"
 )
 
 // runDev starts the embedded default: an embedded etcd, one coordinator
@@ -93,7 +94,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("dev: coordinator listen: %w", err)
 	}
 	coordAddrUsed := gl.Addr().String()
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(server.Recovery(log)...)
 	adm := admin.New(admin.Options{Store: store, Logger: log})
 	defer adm.Close()
 	adm.Register(gs)

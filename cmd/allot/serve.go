@@ -259,7 +259,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	if follower != nil {
 		aopts.ConfigVersion = func() (int64, error) { st := follower.State(); return st.Version, st.Refused }
 	}
-	n.gs = grpc.NewServer()
+	n.gs = grpc.NewServer(server.Recovery(log)...)
 	svc.RegisterGRPC(n.gs)
 	svc.RegisterAdmin(n.gs, aopts)
 	if err := startPeers(spec, engine, n, reg, log); err != nil {
