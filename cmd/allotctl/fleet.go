@@ -146,10 +146,14 @@ func (c *cli) status(ctx context.Context, args []string) error {
 				}
 			}
 		}
-		lag := "n/a" // no cross-region counter sync yet
+		lag := "n/a" // no shared-mode limit: regions do not sync counters
 		if len(r.GetPeers()) > 0 {
 			var ps []string
 			for _, p := range r.GetPeers() {
+				if p.GetLag() == nil {
+					ps = append(ps, p.GetRegion()+" never heard")
+					continue
+				}
 				ps = append(ps, fmt.Sprintf("%s %v", p.GetRegion(), round(p.GetLag().AsDuration())))
 			}
 			lag = strings.Join(ps, ", ")

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,6 +143,30 @@ func (s *Service) regionStatus(cfg *allot.Config, opts AdminOptions) *allotv1.Re
 		for _, l := range s.enforcer.Stats().Limits {
 			fallback[[2]string{l.Domain, l.Limit}] = l.Fallback
 		}
+	}
+	// A shared limit with a stale peer is on its split share: a fallback
+	// too. The sync lag to a peer is the time since it was last heard on
+	// any limit.
+	heard := map[string]time.Time{}
+	for _, st := range s.engine.SyncStats() {
+		if st.Fallback {
+			fallback[[2]string{st.Domain, st.Limit}] = true
+		}
+		for p, at := range s.engine.LastHeard(st.Domain, st.Limit) {
+			if at.After(heard[p]) {
+				heard[p] = at
+			} else if _, ok := heard[p]; !ok {
+				heard[p] = at
+			}
+		}
+	}
+	now := s.now()
+	for _, p := range slices.Sorted(maps.Keys(heard)) {
+		ps := &allotv1.PeerSync{Region: p}
+		if at := heard[p]; !at.IsZero() {
+			ps.Lag = durationpb.New(now.Sub(at))
+		}
+		rs.Peers = append(rs.Peers, ps)
 	}
 	counts := s.decisionCounts()
 	for _, d := range cfg.Domains {

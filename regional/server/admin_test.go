@@ -180,3 +180,28 @@ func TestShadowLog(t *testing.T) {
 		}
 	}
 }
+
+func TestStatusShowsPeerSyncLag(t *testing.T) {
+	cfg, err := allot.ParseConfig("t.yaml", []byte("domain: api\nregions: [us-east, eu-west, ap-south]\nlimits:\n  - {name: g, match: {}, rate: 1000/1s, mode: shared}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	e := regional.New(cfg, regional.Options{})
+	if err := e.SetPeers("us-east", []string{"eu-west", "ap-south"}); err != nil {
+		t.Fatal(err)
+	}
+	e.Heard(now.Add(-300*time.Millisecond), "eu-west")
+	s := New(e, Options{Region: "us-east", Now: func() time.Time { return now }})
+	rs := s.regionStatus(cfg, AdminOptions{})
+	got := map[string]string{}
+	for _, p := range rs.GetPeers() {
+		got[p.GetRegion()] = "never"
+		if p.GetLag() != nil {
+			got[p.GetRegion()] = p.GetLag().AsDuration().String()
+		}
+	}
+	if got["eu-west"] != "300ms" || got["ap-south"] != "never" || len(got) != 2 {
+		t.Fatalf("peer sync lag: %v, want eu-west 300ms and ap-south never heard", got)
+	}
+}
