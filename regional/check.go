@@ -351,7 +351,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		sh := &t.shards[shardOf(w.key)]
 		hist := w.ls.shares.hist(w.key)
 		base := w.p
-		w.p = base.scaled(hist.current())
+		w.p = base.scaled(hist.forCheck(base, now))
 		ss, stale := t.sharedWork(w, base, hist.current(), now) // shared mode (shared.go)
 		idx, created := sh.find(w.key), false
 		if idx < 0 {

@@ -135,7 +135,7 @@ type keyShare struct {
 type shareHist struct {
 	prev    float64 // share before changes[0]
 	n       int
-	changes [4]shareChange
+	changes [8]shareChange
 }
 
 type shareChange struct {
@@ -150,6 +150,27 @@ func (h *shareHist) current() float64 {
 		return h.prev
 	}
 	return h.changes[h.n-1].share
+}
+
+// forCheck is the share a check at now may use. A key counted in windows
+// (sliding_window) uses the least share in force since its window began:
+// share moved here within a window takes effect at the next one, because
+// the region that gave it up may already have spent its part of this
+// window. (A token bucket needs no such care: lowering a share clamps the
+// tokens, so spent share is never handed on.)
+func (h *shareHist) forCheck(p params, now int64) float64 {
+	s := h.current()
+	if p.alg != allot.SlidingWindow || h.n == 0 {
+		return s
+	}
+	ws := now - now%p.period
+	for i := h.n - 1; i >= 0; i-- {
+		if h.changes[i].at <= ws {
+			return min(s, h.changes[i].share) // in force when the window began
+		}
+		s = min(s, h.changes[i].share)
+	}
+	return min(s, h.prev) // before every change kept: the share before them
 }
 
 // with returns a copy of h with share in force from at.

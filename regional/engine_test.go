@@ -469,3 +469,41 @@ limits:
 		t.Fatalf("a second drain: %+v, want only the key with its own share", again)
 	}
 }
+
+// A sliding-window key uses share moved to this region only from the next
+// window: the region that gave it up may have spent it in this one.
+func TestWindowShareRaisedAtNextWindow(t *testing.T) {
+	e := New(mustConfig(t, "domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 30/s, algorithm: sliding_window}\n"), Options{})
+	var dec allot.Decision
+	admit := func(at time.Duration, n int64) bool {
+		t.Helper()
+		if err := e.Check(t0.Add(at), "api", user("1"), n, &dec); err != nil {
+			t.Fatal(err)
+		}
+		return dec.Allowed
+	}
+	if err := e.SetShare(t0.Add(-time.Second), "api", "per-user", 1.0/3); err != nil {
+		t.Fatal(err)
+	}
+	if !admit(0, 10) || admit(0, 1) {
+		t.Fatal("a third of 30 should admit 10")
+	}
+	if err := e.SetShare(t0.Add(ms(500)), "api", "per-user", 2.0/3); err != nil {
+		t.Fatal(err)
+	}
+	if admit(ms(600), 1) {
+		t.Fatal("the raise took effect within the window in which it came")
+	}
+	// Next window: the raised share of 20, less the previous window's 10
+	// weighted by what is left of it (90% at +1.1s): 20 − 9 = 11.
+	if !admit(ms(1100), 11) || admit(ms(1100), 1) {
+		t.Fatal("the raise did not take effect at the next window")
+	}
+	// A lowering takes effect at once.
+	if err := e.SetShare(t0.Add(ms(1200)), "api", "per-user", 0.1); err != nil {
+		t.Fatal(err)
+	}
+	if admit(ms(1900), 1) {
+		t.Fatal("a lowered share still admitted within the window")
+	}
+}

@@ -40,6 +40,7 @@ commands:
   check      play requests against the in-memory engine and print each decision
   validate   check a limits file; every error names the file, line and field
   bench      put a load of checks on a server and print throughput and latency
+  sim        run a simulation scenario (sim/scenarios) and write its report
 
 Run "allot COMMAND -h" for a command's flags.
 `
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runBench(ctx, args[1:], stdout, stderr)
 	case "validate":
 		return runValidate(args[1:], stdout, stderr)
+	case "sim":
+		return runSim(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
