@@ -3,7 +3,7 @@ PKGS    ?= ./...
 BENCH   ?= .
 BIN     ?= bin
 
-.PHONY: all build test bench lint fuzz dev
+.PHONY: all build test bench lint fuzz dev sim
 
 all: lint build test
 
@@ -30,6 +30,13 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=30s ./crdt
 	$(GO) test -run='^$$' -fuzz=FuzzCheckItems -fuzztime=30s ./regional
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMessage -fuzztime=30s ./regional/peersync
+
+## sim: run every simulator scenario; reports and plots in sim/out/NAME
+sim:
+	$(GO) build -o $(BIN)/allot ./cmd/allot
+	@for f in sim/scenarios/*.yaml; do n=$$(basename $$f .yaml); \
+		$(BIN)/allot sim run $$f --out sim/out/$$n > sim/out-$$n.log 2>&1 || { cat sim/out-$$n.log; exit 1; }; \
+		rm -f sim/out-$$n.log; echo "sim/out/$$n"; done
 
 ## dev: the embedded default (gRPC 127.0.0.1:8081, HTTP 127.0.0.1:8080)
 dev:
