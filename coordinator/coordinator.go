@@ -76,12 +76,8 @@ type Coordinator struct {
 	lastAt  []time.Time // by region: At of its latest report
 	live    []bool      // by region, as of the latest rebalance
 	next    time.Time   // of the next rebalance
-	// landmark anchors the demand average: demand reported at t adds
-	// amount × 2^((t − landmark)/HalfLife), and every rebalance rescales
-	// all demand to a new landmark, so that older demand weighs less.
-	landmark time.Time
-	hotKeys  int
-	stats    Stats
+	hotKeys int
+	stats   Stats
 
 	// Scratch space of pass, by region.
 	vec    Vector
@@ -112,7 +108,7 @@ type cell struct {
 	share  float32 // latest share granted; follow: the default vector's
 	bound  float32 // largest share of its own the region may be applying
 	target float32 // where share is heading, set by every rebalance
-	demand float32 // the region's demand, weighted as Coordinator.landmark says
+	demand float32 // the region's demand: an average of its rate (cost per second), see report
 	flags  uint8
 }
 
@@ -204,7 +200,7 @@ func New(now time.Time, cfg Config, snap Snapshot) (*Coordinator, error) {
 		cfg: cfg, domain: d.Name, regions: d.Regions, regionOf: make(map[string]int, n),
 		limitOf: make(map[string]*limitState, len(d.Limits)), term: cfg.Term,
 		sent: make([]uint64, n), changed: make([]uint64, n), acked: make([]uint64, n),
-		heard: make([]time.Time, n), lastAt: make([]time.Time, n), live: live, landmark: now,
+		heard: make([]time.Time, n), lastAt: make([]time.Time, n), live: live,
 		vec: Vector{Demand: make([]float64, n), Live: live, Shares: make([]float64, n), Held: make([]float64, n)},
 		dst: make([]float64, n), defb: make([]float32, n),
 	}
@@ -362,13 +358,29 @@ func (c *Coordinator) report(now time.Time, m Report) error {
 			}
 		}
 	}
+	// Demand is an exponentially weighted average of each region's rate,
+	// updated at its reports over the interval each report covers. (A
+	// decayed sum weighted at arrival would weigh regions by how recently
+	// they reported, not by their demand.) Every cell of the region is
+	// updated, those the report leaves out with a rate of 0.
+	dt := defaultReportInterval
+	if prev := c.lastAt[r]; !prev.IsZero() {
+		dt = min(max(m.At.Sub(prev), minReportInterval), maxReportInterval)
+	}
+	keep := float32(math.Exp2(-float64(dt) / float64(c.cfg.HalfLife)))
+	perSec := (1 - float64(keep)) / dt.Seconds()
 	c.lastAt[r], c.heard[r] = m.At, now
 	c.stats.Reports++
-	w := c.weight(now)
 	n := len(c.regions)
+	for _, ls := range c.limits {
+		ls.def[r].demand *= keep
+		for i := range len(ls.keys) {
+			ls.cells[i*n+r].demand *= keep
+		}
+	}
 	for _, ld := range m.Limits {
 		ls := c.limitOf[ld.Limit]
-		ls.def[r].demand += float32((ld.Admitted + ld.Rejected) * w)
+		ls.def[r].demand += float32((ld.Admitted + ld.Rejected) * perSec)
 		for _, kd := range ld.Keys {
 			hot := kd.NearLimit || kd.Rejected > 0
 			i, ok := ls.index[kd.Key]
@@ -383,7 +395,7 @@ func (c *Coordinator) report(now time.Time, m Report) error {
 				i = ls.add(kd.Key, 0, n)
 				c.hotKeys++
 			}
-			ls.cells[int(i)*n+r].demand += float32((kd.Admitted + kd.Rejected) * w)
+			ls.cells[int(i)*n+r].demand += float32((kd.Admitted + kd.Rejected) * perSec)
 			if hot {
 				ls.keys[i].hot = now.UnixNano()
 			}
@@ -392,33 +404,14 @@ func (c *Coordinator) report(now time.Time, m Report) error {
 	return nil
 }
 
-// maxExp bounds the exponent of demand weights, so that float32 demand
-// cannot overflow when Tick is not called for a long time.
-const maxExp = 32
-
-// weight is what demand reported at now weighs (see landmark).
-func (c *Coordinator) weight(now time.Time) float64 {
-	e := float64(now.Sub(c.landmark)) / float64(c.cfg.HalfLife)
-	if e > maxExp {
-		c.decay(now)
-		e = 0
-	}
-	return math.Exp2(e)
-}
-
-// decay moves the landmark to now, rescaling all demand.
-func (c *Coordinator) decay(now time.Time) {
-	f := float32(math.Exp2(-float64(now.Sub(c.landmark)) / float64(c.cfg.HalfLife)))
-	c.landmark = now
-	for _, ls := range c.limits {
-		for r := range ls.def {
-			ls.def[r].demand *= f
-		}
-		for i := range ls.cells {
-			ls.cells[i].demand *= f
-		}
-	}
-}
+// Report intervals: the first report of a region is taken to cover
+// defaultReportInterval; the others, the time since the previous one,
+// bounded.
+const (
+	defaultReportInterval = time.Second
+	minReportInterval     = 10 * time.Millisecond
+	maxReportInterval     = time.Minute
+)
 
 func (c *Coordinator) ack(now time.Time, a Ack) (Ready, error) {
 	r, err := c.region(a.Domain, a.Region)
@@ -455,7 +448,6 @@ func (c *Coordinator) Tick(now time.Time) Ready {
 	}
 	c.next = now.Add(c.cfg.Period)
 	c.stats.Rebalances++
-	c.decay(now)
 	for r, h := range c.heard {
 		c.live[r] = !h.IsZero() && now.Sub(h) < c.cfg.DeadAfter
 	}
