@@ -66,16 +66,6 @@ type streamsResult struct {
 	peakInFlight             int64
 }
 
-func (r streamsResult) overAdmission() float64 {
-	return math.Max(0, r.consumed-r.budget) / r.limit
-}
-
-// overUse is what the streams used above the budget by the end, over
-// the limit.
-func (r streamsResult) overUse() float64 {
-	return math.Max(0, r.used-r.budget) / r.limit
-}
-
 func (r streamsResult) falseRejectRate() float64 {
 	return float64(r.falseRejects) / float64(max(r.requests, 1))
 }

@@ -224,7 +224,7 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 	if d == nil {
 		return s.notLeader(stream.Context(), hello.GetDomain())
 	}
-	if !contains(s.config().Domain(d.domain).Regions, hello.GetRegion()) {
+	if !slices.Contains(s.config().Domain(d.domain).Regions, hello.GetRegion()) {
 		s.metrics.rejected(hello.GetDomain(), "unknown_region")
 		return status.Errorf(codes.InvalidArgument, "region %q is not a region of domain %q", hello.GetRegion(), hello.GetDomain())
 	}
@@ -275,7 +275,7 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 }
 
 func (s *Server) notLeader(ctx context.Context, domain string) error {
-	if !contains(s.opts.Domains, domain) {
+	if !slices.Contains(s.opts.Domains, domain) {
 		return status.Errorf(codes.NotFound, "this coordinator does not coordinate domain %q", domain)
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -285,10 +285,6 @@ func (s *Server) notLeader(ctx context.Context, domain string) error {
 		return status.Errorf(codes.Unavailable, "not the leader of domain %q; no leader known yet", domain)
 	}
 	return status.Errorf(codes.Unavailable, "not the leader of domain %q; leader: %s", domain, leader)
-}
-
-func contains(list []string, s string) bool {
-	return slices.Contains(list, s)
 }
 
 func sleep(ctx context.Context, d time.Duration) {
