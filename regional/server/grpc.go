@@ -25,16 +25,9 @@ type rateLimiter struct {
 func (r rateLimiter) Check(ctx context.Context, req *allotv1.CheckRequest) (*allotv1.CheckResponse, error) {
 	items := make([]CheckItem, len(req.GetItems()))
 	for i, it := range req.GetItems() {
-		items[i] = CheckItem{Domain: it.GetDomain(), Hits: 1}
+		items[i] = CheckItem{Domain: it.GetDomain(), Hits: 1, Descriptors: descriptors(it.GetDescriptors())}
 		if it.Hits != nil {
 			items[i].Hits = it.GetHits()
-		}
-		for _, d := range it.GetDescriptors() {
-			desc := make(allot.Descriptor, len(d.GetEntries()))
-			for j, e := range d.GetEntries() {
-				desc[j] = allot.Entry{Key: e.GetKey(), Value: e.GetValue()}
-			}
-			items[i].Descriptors = append(items[i].Descriptors, desc)
 		}
 	}
 	decs := make([]allot.Decision, len(items))
@@ -44,6 +37,15 @@ func (r rateLimiter) Check(ctx context.Context, req *allotv1.CheckRequest) (*all
 	resp := &allotv1.CheckResponse{Results: make([]*allotv1.CheckResult, len(decs))}
 	for i := range decs {
 		resp.Results[i] = checkResult(&decs[i])
+	}
+	return resp, nil
+}
+
+func (r rateLimiter) Lease(ctx context.Context, req *allotv1.LeaseRequest) (*allotv1.LeaseResponse, error) {
+	resp, err := r.s.leases.serve(ctx, req)
+	if err != nil {
+		r.s.metrics.errors.WithLabelValues(reason(err)).Inc()
+		return nil, grpcError(err)
 	}
 	return resp, nil
 }

@@ -35,6 +35,9 @@ type Options struct {
 	// Reservations configure LLM token reservations (reserve.go); a nil
 	// NewSketch learns estimates with DDSketch.
 	Reservations regional.ReservationOptions
+	// LeaseTTL is how long a gateway may spend a Lease grant before its
+	// unused tokens must come back; 0 means DefaultLeaseTTL.
+	LeaseTTL time.Duration
 }
 
 // Service serves one region's engine. The zero value is not usable; call
@@ -49,6 +52,7 @@ type Service struct {
 	metrics  *metrics
 	rsv      *reserveState // reserve.go
 	shadow   *shadowLog    // samples would-be rejections of shadow limits (shadowlog.go)
+	leases   *leases       // gateway leases (lease.go)
 }
 
 // New returns a Service deciding with engine.
@@ -73,6 +77,7 @@ func New(engine *regional.Engine, opts Options) *Service {
 	s.metrics = newMetrics(engine, opts.Enforcer, opts.Region, opts.Registry)
 	s.rsv = newReserveState(s, opts)
 	s.shadow = newShadowLog(s.log, DefaultShadowLogRate)
+	s.leases = newLeases(s, opts.LeaseTTL, opts.Registry)
 	return s
 }
 

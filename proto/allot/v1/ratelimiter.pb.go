@@ -987,6 +987,390 @@ func (x *ReleaseResponse) GetSettlement() *Settlement {
 	return nil
 }
 
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Identifies the gateway process; the enforcer counts the gateways of
+	// its region from the ids it heard within the lease TTL.
+	GatewayId string       `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	Items     []*LeaseItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// The gateway is closing: it is no longer counted.
+	Leaving       bool `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LeaseRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetItems() []*LeaseItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *LeaseRequest) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
+}
+
+// LeaseItem is one request shape the gateway decides locally: a domain
+// and its descriptors, as they would be sent to Check.
+type LeaseItem struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Domain      string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Descriptors []*Descriptor          `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// Tokens wanted for a new lease; 0 asks for none (only returns and
+	// reports, or learns the item's limits).
+	Want int64 `protobuf:"varint,3,opt,name=want,proto3" json:"want,omitempty"`
+	// Unused tokens of a lease that ended, given back.
+	Returned int64 `protobuf:"varint,4,opt,name=returned,proto3" json:"returned,omitempty"`
+	// The granted_at of the lease being returned, as the enforcer sent it.
+	ReturnedGrantedAtUnixNano int64 `protobuf:"varint,5,opt,name=returned_granted_at_unix_nano,json=returnedGrantedAtUnixNano,proto3" json:"returned_granted_at_unix_nano,omitempty"`
+	// Tokens spent from leases since the last report (usage accounting).
+	Used          int64 `protobuf:"varint,6,opt,name=used,proto3" json:"used,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseItem) Reset() {
+	*x = LeaseItem{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseItem) ProtoMessage() {}
+
+func (x *LeaseItem) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseItem.ProtoReflect.Descriptor instead.
+func (*LeaseItem) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LeaseItem) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *LeaseItem) GetDescriptors() []*Descriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *LeaseItem) GetWant() int64 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+func (x *LeaseItem) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *LeaseItem) GetReturnedGrantedAtUnixNano() int64 {
+	if x != nil {
+		return x.ReturnedGrantedAtUnixNano
+	}
+	return 0
+}
+
+func (x *LeaseItem) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One grant per item, in order.
+	Grants []*LeaseGrant `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
+	// Live gateways of this region, the caller included: a gateway's
+	// fallback capacity is the region's allowance divided by it.
+	Gateways int32 `protobuf:"varint,2,opt,name=gateways,proto3" json:"gateways,omitempty"`
+	// How long a grant may be spent; unused tokens go back after it.
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LeaseResponse) GetGrants() []*LeaseGrant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *LeaseResponse) GetGateways() int32 {
+	if x != nil {
+		return x.Gateways
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type LeaseGrant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tokens granted and already charged; 0 when none are left now.
+	Granted int64 `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// The enforcer's clock when it charged the grant; echo it on return.
+	GrantedAtUnixNano int64 `protobuf:"varint,2,opt,name=granted_at_unix_nano,json=grantedAtUnixNano,proto3" json:"granted_at_unix_nano,omitempty"`
+	// When granted is less than wanted: how long until more may be left.
+	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// The item has a limit a gateway must not decide alone (exact
+	// enforcement): send every request of this shape to Check. Nothing is
+	// granted.
+	CheckEach bool `protobuf:"varint,4,opt,name=check_each,json=checkEach,proto3" json:"check_each,omitempty"`
+	// The item's limits after the grant; the lease is sized by the most
+	// restrictive of them.
+	Limits []*LimitStatus `protobuf:"bytes,5,rep,name=limits,proto3" json:"limits,omitempty"`
+	// What a gateway falls back to when no enforcer answers, per limit.
+	Fallback      []*LeaseFallback `protobuf:"bytes,6,rep,name=fallback,proto3" json:"fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseGrant) Reset() {
+	*x = LeaseGrant{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseGrant) ProtoMessage() {}
+
+func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
+func (*LeaseGrant) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *LeaseGrant) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetGrantedAtUnixNano() int64 {
+	if x != nil {
+		return x.GrantedAtUnixNano
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *LeaseGrant) GetCheckEach() bool {
+	if x != nil {
+		return x.CheckEach
+	}
+	return false
+}
+
+func (x *LeaseGrant) GetLimits() []*LimitStatus {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *LeaseGrant) GetFallback() []*LeaseFallback {
+	if x != nil {
+		return x.Fallback
+	}
+	return nil
+}
+
+// LeaseFallback is one limit's on_failure policy and this region's
+// allowance for it.
+type LeaseFallback struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// open, closed or local.
+	OnFailure string `protobuf:"bytes,2,opt,name=on_failure,json=onFailure,proto3" json:"on_failure,omitempty"`
+	// The region's allowance per window (the key's effective amount times
+	// the region's share) and the window.
+	RegionAmount  float64              `protobuf:"fixed64,3,opt,name=region_amount,json=regionAmount,proto3" json:"region_amount,omitempty"`
+	Window        *durationpb.Duration `protobuf:"bytes,4,opt,name=window,proto3" json:"window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseFallback) Reset() {
+	*x = LeaseFallback{}
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseFallback) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseFallback) ProtoMessage() {}
+
+func (x *LeaseFallback) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_ratelimiter_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseFallback.ProtoReflect.Descriptor instead.
+func (*LeaseFallback) Descriptor() ([]byte, []int) {
+	return file_allot_v1_ratelimiter_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *LeaseFallback) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LeaseFallback) GetOnFailure() string {
+	if x != nil {
+		return x.OnFailure
+	}
+	return ""
+}
+
+func (x *LeaseFallback) GetRegionAmount() float64 {
+	if x != nil {
+		return x.RegionAmount
+	}
+	return 0
+}
+
+func (x *LeaseFallback) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
 var File_allot_v1_ratelimiter_proto protoreflect.FileDescriptor
 
 const file_allot_v1_ratelimiter_proto_rawDesc = "" +
@@ -1073,12 +1457,45 @@ const file_allot_v1_ratelimiter_proto_rawDesc = "" +
 	"\x0fReleaseResponse\x124\n" +
 	"\n" +
 	"settlement\x18\x01 \x01(\v2\x14.allot.v1.SettlementR\n" +
-	"settlement2\x84\x02\n" +
+	"settlement\"r\n" +
+	"\fLeaseRequest\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x01 \x01(\tR\tgatewayId\x12)\n" +
+	"\x05items\x18\x02 \x03(\v2\x13.allot.v1.LeaseItemR\x05items\x12\x18\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\"\xe1\x01\n" +
+	"\tLeaseItem\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x126\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x14.allot.v1.DescriptorR\vdescriptors\x12\x12\n" +
+	"\x04want\x18\x03 \x01(\x03R\x04want\x12\x1a\n" +
+	"\breturned\x18\x04 \x01(\x03R\breturned\x12@\n" +
+	"\x1dreturned_granted_at_unix_nano\x18\x05 \x01(\x03R\x19returnedGrantedAtUnixNano\x12\x12\n" +
+	"\x04used\x18\x06 \x01(\x03R\x04used\"\x86\x01\n" +
+	"\rLeaseResponse\x12,\n" +
+	"\x06grants\x18\x01 \x03(\v2\x14.allot.v1.LeaseGrantR\x06grants\x12\x1a\n" +
+	"\bgateways\x18\x02 \x01(\x05R\bgateways\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x96\x02\n" +
+	"\n" +
+	"LeaseGrant\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\x03R\agranted\x12/\n" +
+	"\x14granted_at_unix_nano\x18\x02 \x01(\x03R\x11grantedAtUnixNano\x12:\n" +
+	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12\x1d\n" +
+	"\n" +
+	"check_each\x18\x04 \x01(\bR\tcheckEach\x12-\n" +
+	"\x06limits\x18\x05 \x03(\v2\x15.allot.v1.LimitStatusR\x06limits\x123\n" +
+	"\bfallback\x18\x06 \x03(\v2\x17.allot.v1.LeaseFallbackR\bfallback\"\x9a\x01\n" +
+	"\rLeaseFallback\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"on_failure\x18\x02 \x01(\tR\tonFailure\x12#\n" +
+	"\rregion_amount\x18\x03 \x01(\x01R\fregionAmount\x121\n" +
+	"\x06window\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x06window2\xbe\x02\n" +
 	"\vRateLimiter\x128\n" +
 	"\x05Check\x12\x16.allot.v1.CheckRequest\x1a\x17.allot.v1.CheckResponse\x12>\n" +
 	"\aReserve\x12\x18.allot.v1.ReserveRequest\x1a\x19.allot.v1.ReserveResponse\x12;\n" +
 	"\x06Settle\x12\x17.allot.v1.SettleRequest\x1a\x18.allot.v1.SettleResponse\x12>\n" +
-	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
+	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponse\x128\n" +
+	"\x05Lease\x12\x16.allot.v1.LeaseRequest\x1a\x17.allot.v1.LeaseResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
 var (
 	file_allot_v1_ratelimiter_proto_rawDescOnce sync.Once
@@ -1092,7 +1509,7 @@ func file_allot_v1_ratelimiter_proto_rawDescGZIP() []byte {
 	return file_allot_v1_ratelimiter_proto_rawDescData
 }
 
-var file_allot_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_allot_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_allot_v1_ratelimiter_proto_goTypes = []any{
 	(*Entry)(nil),               // 0: allot.v1.Entry
 	(*Descriptor)(nil),          // 1: allot.v1.Descriptor
@@ -1108,39 +1525,54 @@ var file_allot_v1_ratelimiter_proto_goTypes = []any{
 	(*SettleResponse)(nil),      // 11: allot.v1.SettleResponse
 	(*ReleaseRequest)(nil),      // 12: allot.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),     // 13: allot.v1.ReleaseResponse
-	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
+	(*LeaseRequest)(nil),        // 14: allot.v1.LeaseRequest
+	(*LeaseItem)(nil),           // 15: allot.v1.LeaseItem
+	(*LeaseResponse)(nil),       // 16: allot.v1.LeaseResponse
+	(*LeaseGrant)(nil),          // 17: allot.v1.LeaseGrant
+	(*LeaseFallback)(nil),       // 18: allot.v1.LeaseFallback
+	(*durationpb.Duration)(nil), // 19: google.protobuf.Duration
 }
 var file_allot_v1_ratelimiter_proto_depIdxs = []int32{
 	0,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
 	1,  // 1: allot.v1.CheckItem.descriptors:type_name -> allot.v1.Descriptor
 	2,  // 2: allot.v1.CheckRequest.items:type_name -> allot.v1.CheckItem
-	14, // 3: allot.v1.LimitStatus.reset_after:type_name -> google.protobuf.Duration
-	14, // 4: allot.v1.LimitStatus.retry_after:type_name -> google.protobuf.Duration
-	14, // 5: allot.v1.LimitStatus.window:type_name -> google.protobuf.Duration
-	14, // 6: allot.v1.CheckResult.retry_after:type_name -> google.protobuf.Duration
+	19, // 3: allot.v1.LimitStatus.reset_after:type_name -> google.protobuf.Duration
+	19, // 4: allot.v1.LimitStatus.retry_after:type_name -> google.protobuf.Duration
+	19, // 5: allot.v1.LimitStatus.window:type_name -> google.protobuf.Duration
+	19, // 6: allot.v1.CheckResult.retry_after:type_name -> google.protobuf.Duration
 	4,  // 7: allot.v1.CheckResult.limits:type_name -> allot.v1.LimitStatus
 	5,  // 8: allot.v1.CheckResponse.results:type_name -> allot.v1.CheckResult
 	1,  // 9: allot.v1.ReserveRequest.descriptors:type_name -> allot.v1.Descriptor
-	14, // 10: allot.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	14, // 11: allot.v1.ReserveResponse.ttl:type_name -> google.protobuf.Duration
-	14, // 12: allot.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	19, // 10: allot.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 11: allot.v1.ReserveResponse.ttl:type_name -> google.protobuf.Duration
+	19, // 12: allot.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
 	4,  // 13: allot.v1.ReserveResponse.limits:type_name -> allot.v1.LimitStatus
 	4,  // 14: allot.v1.Settlement.limits:type_name -> allot.v1.LimitStatus
 	10, // 15: allot.v1.SettleResponse.settlement:type_name -> allot.v1.Settlement
 	10, // 16: allot.v1.ReleaseResponse.settlement:type_name -> allot.v1.Settlement
-	3,  // 17: allot.v1.RateLimiter.Check:input_type -> allot.v1.CheckRequest
-	7,  // 18: allot.v1.RateLimiter.Reserve:input_type -> allot.v1.ReserveRequest
-	9,  // 19: allot.v1.RateLimiter.Settle:input_type -> allot.v1.SettleRequest
-	12, // 20: allot.v1.RateLimiter.Release:input_type -> allot.v1.ReleaseRequest
-	6,  // 21: allot.v1.RateLimiter.Check:output_type -> allot.v1.CheckResponse
-	8,  // 22: allot.v1.RateLimiter.Reserve:output_type -> allot.v1.ReserveResponse
-	11, // 23: allot.v1.RateLimiter.Settle:output_type -> allot.v1.SettleResponse
-	13, // 24: allot.v1.RateLimiter.Release:output_type -> allot.v1.ReleaseResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	15, // 17: allot.v1.LeaseRequest.items:type_name -> allot.v1.LeaseItem
+	1,  // 18: allot.v1.LeaseItem.descriptors:type_name -> allot.v1.Descriptor
+	17, // 19: allot.v1.LeaseResponse.grants:type_name -> allot.v1.LeaseGrant
+	19, // 20: allot.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
+	19, // 21: allot.v1.LeaseGrant.retry_after:type_name -> google.protobuf.Duration
+	4,  // 22: allot.v1.LeaseGrant.limits:type_name -> allot.v1.LimitStatus
+	18, // 23: allot.v1.LeaseGrant.fallback:type_name -> allot.v1.LeaseFallback
+	19, // 24: allot.v1.LeaseFallback.window:type_name -> google.protobuf.Duration
+	3,  // 25: allot.v1.RateLimiter.Check:input_type -> allot.v1.CheckRequest
+	7,  // 26: allot.v1.RateLimiter.Reserve:input_type -> allot.v1.ReserveRequest
+	9,  // 27: allot.v1.RateLimiter.Settle:input_type -> allot.v1.SettleRequest
+	12, // 28: allot.v1.RateLimiter.Release:input_type -> allot.v1.ReleaseRequest
+	14, // 29: allot.v1.RateLimiter.Lease:input_type -> allot.v1.LeaseRequest
+	6,  // 30: allot.v1.RateLimiter.Check:output_type -> allot.v1.CheckResponse
+	8,  // 31: allot.v1.RateLimiter.Reserve:output_type -> allot.v1.ReserveResponse
+	11, // 32: allot.v1.RateLimiter.Settle:output_type -> allot.v1.SettleResponse
+	13, // 33: allot.v1.RateLimiter.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 34: allot.v1.RateLimiter.Lease:output_type -> allot.v1.LeaseResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_ratelimiter_proto_init() }
@@ -1156,7 +1588,7 @@ func file_allot_v1_ratelimiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_ratelimiter_proto_rawDesc), len(file_allot_v1_ratelimiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

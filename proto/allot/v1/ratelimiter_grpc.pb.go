@@ -23,6 +23,7 @@ const (
 	RateLimiter_Reserve_FullMethodName = "/allot.v1.RateLimiter/Reserve"
 	RateLimiter_Settle_FullMethodName  = "/allot.v1.RateLimiter/Settle"
 	RateLimiter_Release_FullMethodName = "/allot.v1.RateLimiter/Release"
+	RateLimiter_Lease_FullMethodName   = "/allot.v1.RateLimiter/Lease"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -53,6 +54,16 @@ type RateLimiterClient interface {
 	// Release ends a cancelled stream's reservation, charging the tokens
 	// used so far. Idempotent, like Settle.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Lease serves gateways that decide in their own process (the Go SDK):
+	// one call per sync interval carries every key the gateway holds,
+	// returns the unused tokens of leases that ended, reports what was
+	// spent, and asks for new leases. A grant is charged to this region's
+	// allowance when it is made, so the leases of all gateways together
+	// never exceed it; unused tokens come back with the next call (tokens
+	// of a sliding-window limit only within the window they were granted
+	// in). A malformed item fails the whole call with INVALID_ARGUMENT and
+	// nothing is charged or returned.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -103,6 +114,16 @@ func (c *rateLimiterClient) Release(ctx context.Context, in *ReleaseRequest, opt
 	return out, nil
 }
 
+func (c *rateLimiterClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -131,6 +152,16 @@ type RateLimiterServer interface {
 	// Release ends a cancelled stream's reservation, charging the tokens
 	// used so far. Idempotent, like Settle.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Lease serves gateways that decide in their own process (the Go SDK):
+	// one call per sync interval carries every key the gateway holds,
+	// returns the unused tokens of leases that ended, reports what was
+	// spent, and asks for new leases. A grant is charged to this region's
+	// allowance when it is made, so the leases of all gateways together
+	// never exceed it; unused tokens come back with the next call (tokens
+	// of a sliding-window limit only within the window they were granted
+	// in). A malformed item fails the whole call with INVALID_ARGUMENT and
+	// nothing is charged or returned.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -152,6 +183,9 @@ func (UnimplementedRateLimiterServer) Settle(context.Context, *SettleRequest) (*
 }
 func (UnimplementedRateLimiterServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedRateLimiterServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -246,6 +280,24 @@ func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -268,6 +320,10 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _RateLimiter_Release_Handler,
+		},
+		{
+			MethodName: "Lease",
+			Handler:    _RateLimiter_Lease_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

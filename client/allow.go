@@ -1,0 +1,290 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// maxDescriptors bounds the descriptors of one request (the enforcer's
+// bound).
+const maxDescriptors = 64
+
+// Allow decides a request of cost hits (0 asks without charging). With a
+// lease in hand it answers in memory; otherwise it asks the enforcer
+// (batched with concurrent calls) and has the sync loop take a lease for
+// the next requests of the same shape. When no enforcer answers, the
+// matching limits' on_failure policies decide. A malformed request is
+// rejected with Err wrapping ErrBadRequest and charges nothing.
+func (c *Client) Allow(ctx context.Context, domain string, descriptors []allot.Descriptor, hits int64) Decision {
+	if err := validate(domain, descriptors, hits); err != nil {
+		return Decision{Err: err}
+	}
+	if c.closed.Load() {
+		return Decision{Err: ErrClosed}
+	}
+	b := c.keys.get(domain, descriptors)
+	if b != nil {
+		b.mu.Lock()
+		if b.take(hits) {
+			d := b.info
+			d.Allowed = true
+			d.Remaining = b.tokens() + b.left
+			b.mu.Unlock()
+			c.stats.local.Add(1)
+			return d
+		}
+		b.mu.Unlock()
+	} else {
+		b = c.keys.add(domain, descriptors)
+	}
+	return c.slow(ctx, b, hits)
+}
+
+func validate(domain string, descriptors []allot.Descriptor, hits int64) error {
+	switch {
+	case domain == "":
+		return fmt.Errorf("%w: empty domain", ErrBadRequest)
+	case len(descriptors) == 0:
+		return fmt.Errorf("%w: no descriptors", ErrBadRequest)
+	case len(descriptors) > maxDescriptors:
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrBadRequest, len(descriptors), maxDescriptors)
+	case hits < 0 || hits > allot.MaxAmount:
+		return fmt.Errorf("%w: hits %d is outside [0, %d]", ErrBadRequest, hits, int64(allot.MaxAmount))
+	}
+	for i, d := range descriptors {
+		if len(d) == 0 {
+			return fmt.Errorf("%w: descriptor %d is empty", ErrBadRequest, i)
+		}
+	}
+	return nil
+}
+
+// slow decides a request the lease cannot cover: a key without a lease
+// yet, an exhausted lease, a key whose limits must be checked each time,
+// or a key the enforcer recently said has nothing left.
+func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
+	now := time.Now()
+	b.mu.Lock()
+	b.lastUse = now
+	b.maxHits = max(b.maxHits, hits)
+	if b.take(hits) { // a grant arrived meanwhile
+		d := b.info
+		d.Allowed = true
+		d.Remaining = b.tokens() + b.left
+		b.mu.Unlock()
+		c.stats.local.Add(1)
+		return d
+	}
+	if b.state == stateUnlimited {
+		d := b.info
+		d.Allowed = true
+		b.mu.Unlock()
+		c.stats.local.Add(1)
+		return d
+	}
+	if b.state == stateLeased && hits > 0 && now.Before(b.deniedUntil) {
+		d := b.info
+		d.Allowed = false
+		d.RetryAfter = b.deniedUntil.Sub(now)
+		d.Remaining = b.tokens() + b.left
+		b.mu.Unlock()
+		c.stats.local.Add(1)
+		return d
+	}
+	b.asked += hits
+	b.mu.Unlock()
+
+	ans, err := c.checks.do(ctx, &allotv1.CheckItem{Domain: b.domain, Descriptors: b.wire, Hits: &hits})
+	if err == nil {
+		c.stats.remote.Add(1)
+		err = ans.err
+	}
+	if err != nil {
+		if unreachable(err) || isUnavailable(err) || ctx.Err() != nil {
+			return c.fallback(b, hits, err)
+		}
+		// The enforcer refused the request itself (bad input, unknown
+		// domain): a shape never answered for is forgotten.
+		b.mu.Lock()
+		if b.state == stateNew {
+			b.mu.Unlock()
+			c.keys.remove(b)
+		} else {
+			b.mu.Unlock()
+		}
+		return Decision{Err: fmt.Errorf("%w: %w", ErrBadRequest, err)}
+	}
+	d := fromResult(ans.res)
+	d.Source = SourceEnforcer
+	b.mu.Lock()
+	lease := b.state != stateCheckEach && b.state != stateUnlimited
+	b.needLease = b.needLease || lease
+	if !d.Allowed && hits > 0 && d.RetryAfter > 0 {
+		// Requests of this shape are refused here until the enforcer's
+		// retry_after, but never for longer than a sync interval: other
+		// gateways' returns may free tokens sooner.
+		// Within a quarter interval the sync loop asks for whatever
+		// refilled; the enforcer is not asked per request meanwhile.
+		b.deniedUntil = now.Add(min(max(d.RetryAfter, c.cfg.SyncInterval/4), c.cfg.SyncInterval))
+	}
+	b.mu.Unlock()
+	if lease {
+		c.wake()
+	}
+	return d
+}
+
+// fromResult describes the most restrictive limit of a Check result.
+func fromResult(res *allotv1.CheckResult) Decision {
+	d := Decision{Allowed: res.GetAllowed(), RetryAfter: res.GetRetryAfter().AsDuration()}
+	pick := -1
+	for i, st := range res.GetLimits() {
+		if st.GetShadow() {
+			continue
+		}
+		switch {
+		case pick < 0:
+			pick = i
+		case !d.Allowed && !st.GetAllowed() && st.GetRetryAfter().AsDuration() > res.GetLimits()[pick].GetRetryAfter().AsDuration():
+			pick = i
+		case d.Allowed && st.GetRemaining() < res.GetLimits()[pick].GetRemaining():
+			pick = i
+		}
+	}
+	if pick >= 0 {
+		st := res.GetLimits()[pick]
+		d.Limit = st.GetName()
+		d.Amount = st.GetLimit()
+		d.Window = st.GetWindow().AsDuration()
+		d.Remaining = st.GetRemaining()
+		d.ResetAfter = st.GetResetAfter().AsDuration()
+	}
+	return d
+}
+
+// keyTable holds the buckets of the request shapes this gateway has seen,
+// by a hash of domain and descriptors. Lookups take a shard's read lock.
+type keyTable struct {
+	seed   maphash.Seed
+	shards [64]keyShard
+}
+
+type keyShard struct {
+	mu sync.RWMutex
+	m  map[uint64]*bucket // chained through bucket.next on collision
+}
+
+func (t *keyTable) init() {
+	t.seed = maphash.MakeSeed()
+	for i := range t.shards {
+		t.shards[i].m = make(map[uint64]*bucket)
+	}
+}
+
+func (t *keyTable) hash(domain string, ds []allot.Descriptor) uint64 {
+	h := maphash.String(t.seed, domain)
+	for _, d := range ds {
+		h = mix(h, uint64(len(d)))
+		for _, e := range d {
+			h = mix(h, maphash.String(t.seed, e.Key))
+			h = mix(h, maphash.String(t.seed, e.Value))
+		}
+	}
+	return h
+}
+
+func mix(h, v uint64) uint64 {
+	h ^= v
+	h *= 0x9e3779b97f4a7c15
+	return h ^ h>>29
+}
+
+// get returns the bucket of (domain, ds), or nil.
+func (t *keyTable) get(domain string, ds []allot.Descriptor) *bucket {
+	h := t.hash(domain, ds)
+	sh := &t.shards[h%uint64(len(t.shards))]
+	sh.mu.RLock()
+	b := sh.m[h]
+	for b != nil && !b.is(domain, ds) {
+		b = b.next
+	}
+	sh.mu.RUnlock()
+	return b
+}
+
+// add returns the bucket of (domain, ds), making it if needed.
+func (t *keyTable) add(domain string, ds []allot.Descriptor) *bucket {
+	h := t.hash(domain, ds)
+	sh := &t.shards[h%uint64(len(t.shards))]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for b := sh.m[h]; b != nil; b = b.next {
+		if b.is(domain, ds) {
+			return b
+		}
+	}
+	b := newBucket(domain, ds)
+	b.hash = h
+	b.next = sh.m[h]
+	sh.m[h] = b
+	return b
+}
+
+// remove drops b from the table.
+func (t *keyTable) remove(b *bucket) {
+	sh := &t.shards[b.hash%uint64(len(t.shards))]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	p := sh.m[b.hash]
+	if p == b {
+		if b.next == nil {
+			delete(sh.m, b.hash)
+		} else {
+			sh.m[b.hash] = b.next
+		}
+		return
+	}
+	for ; p != nil; p = p.next {
+		if p.next == b {
+			p.next = b.next
+			return
+		}
+	}
+}
+
+// all returns every bucket.
+func (t *keyTable) all() []*bucket {
+	var out []*bucket
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.RLock()
+		for _, b := range sh.m {
+			for ; b != nil; b = b.next {
+				out = append(out, b)
+			}
+		}
+		sh.mu.RUnlock()
+	}
+	return out
+}
+
+func (t *keyTable) len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.RLock()
+		for _, b := range sh.m {
+			for ; b != nil; b = b.next {
+				n++
+			}
+		}
+		sh.mu.RUnlock()
+	}
+	return n
+}
