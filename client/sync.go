@@ -3,10 +3,10 @@ package client
 import (
 	"context"
 	"errors"
-	"math"
 	"time"
 
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/allot-dev/allot/regional"
 )
 
 // idleAfter is how many sync intervals a bucket may go unused before it
@@ -154,14 +154,12 @@ func (c *Client) plan(b *bucket, now time.Time, ttl, interval time.Duration, lea
 		}
 		return items, false, false
 	}
-	// Ask for two intervals of this gateway's rate (and at least its
-	// largest request) whenever what it holds would not last until the
-	// round after next, or a request found nothing.
-	need := int64(math.Ceil(b.rate * 2 * interval.Seconds()))
-	need = max(need, b.maxHits, 1)
+	// Ask for two intervals of this gateway's rate whenever what it holds
+	// would not last until the round after next, or a request found
+	// nothing (regional.GatewayWant, GatewayRenew).
+	need := regional.GatewayWant(b.rate, interval, b.maxHits)
 	b.maxHits = 0
-	held := b.tokens()
-	if b.needLease || (b.rate > 0 && float64(held) < b.rate*1.5*interval.Seconds()) {
+	if b.needLease || regional.GatewayRenew(b.tokens(), b.rate, interval) {
 		if b.cur.tokens > 0 && b.old.tokens > 0 {
 			// Room for one more grant only: the older goes back now.
 			it := item()

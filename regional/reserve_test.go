@@ -433,6 +433,25 @@ domain: llm
 limits:
   - {name: tenant-tokens, match: {tenant: "*"}, unit: tokens, rate: 100000000/1m, concurrency: 5}
 `, ReservationOptions{})
+	// Five held: the sixth is refused by the cap, deterministically.
+	var held []string
+	for i := range 6 {
+		r, err := rs.Reserve(bg, t0, ReserveRequest{Domain: "llm", Descriptors: []allot.Descriptor{tenant("acme")}, PromptTokens: 1, MaxTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed != (i < 5) || (i == 5 && r.ConcurrencyLimit != "tenant-tokens") {
+			t.Fatalf("reservation %d: %+v", i, r)
+		}
+		if r.Allowed {
+			held = append(held, r.ID)
+		}
+	}
+	for _, id := range held {
+		if _, err := rs.Settle(bg, t0, id, 1, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var inFlight, peak, admitted atomic.Int64
 	var wg sync.WaitGroup
 	for range 64 {

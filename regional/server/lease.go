@@ -225,9 +225,7 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 		g.Limits = checkResult(&dec).Limits
 		return g, nil
 	}
-	// Size: what was asked, at most half of what the most restrictive
-	// limit has left (so one gateway never drains a key others use), at
-	// least 1 when anything is left.
+	// Size by the most restrictive limit's remaining (GatewayGrant).
 	left := int64(-1)
 	for _, st := range dec.Statuses {
 		if st.Shadow {
@@ -237,10 +235,7 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 			left = st.Remaining
 		}
 	}
-	n := it.want
-	if left >= 0 {
-		n = min(n, max(min(left, 1), left/2))
-	}
+	n := regional.GatewayGrant(it.want, left)
 	if n > 0 {
 		ci := it.CheckItem
 		ci.Hits = n
