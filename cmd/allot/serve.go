@@ -48,6 +48,7 @@ type regionFlags struct {
 	redis        string
 	redisCluster bool
 	storeTimeout time.Duration
+	leaseTTL     time.Duration
 }
 
 func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
@@ -78,6 +79,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.redis, "redis", "", "regional Redis for leased and exact limits: ADDR, or a Cluster's seed nodes ADDR,ADDR... with --redis-cluster; without it they are enforced in memory")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "--redis names a Redis Cluster")
 	fs.DurationVar(&f.storeTimeout, "store-timeout", regional.DefaultStoreTimeout, "deadline of each regional store call on the request path; past it, a limit's on_failure decides")
+	fs.DurationVar(&f.leaseTTL, "lease-ttl", server.DefaultLeaseTTL, "how long a gateway (the Go SDK) may spend a Lease grant before its unused tokens come back; it also bounds how long a silent gateway is counted")
 	peerList := fs.String("peers", "", "the other regions and their enforcers' gRPC address, NAME=ADDR,...: shared-mode counters and loans (allot.v1.Peer)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot regional --config FILE --region NAME [flags]\n\nServes one region's enforcer. SIGHUP reloads --config; SIGINT/SIGTERM stop gracefully.")
@@ -123,7 +125,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
-		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, peers: peers,
+		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers,
 	})
 	if err != nil {
 		return err
@@ -162,6 +164,7 @@ type regionSpec struct {
 	redis              []string // the regional store; none: leased and exact limits in memory
 	redisCluster       bool
 	storeTimeout       time.Duration
+	leaseTTL           time.Duration
 	peers              map[string]string // other regions → gRPC address (peers.go)
 }
 
@@ -199,7 +202,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			stopRS()
 		}
 	}()
-	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: log, Enforcer: enforcer})
+	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
 	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)

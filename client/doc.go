@@ -1,0 +1,24 @@
+// Package client is allot's Go SDK for gateways that decide in their own
+// process.
+//
+// A Client connects to the regional enforcers, decides requests from
+// leases it holds in memory (Allow takes ~90 ns and allocates nothing with
+// a lease in hand), sends one batched Lease call per sync interval
+// (reports, returns, new leases), sends requests on `exact` limits to the
+// enforcer batched with concurrent ones, and falls back to each limit's
+// on_failure policy when no enforcer answers. docs/adr/0003 states the
+// bound the leases keep.
+//
+//	c, err := client.New(client.Config{Addrs: []string{"127.0.0.1:8081"}})
+//	if err != nil { ... }
+//	defer c.Close() // returns unused tokens
+//	d := c.Allow(ctx, "api", []allot.Descriptor{{{Key: "user", Value: "42"}}}, 1)
+//	if !d.Allowed { ... 429, retry after d.RetryAfter ... }
+//
+// Middleware and UnaryServerInterceptor / StreamServerInterceptor put any
+// Limiter in front of a net/http handler or a gRPC server, with the same
+// headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) as the
+// enforcer's own HTTP API. client/example/gateway is a runnable gateway.
+//
+// A Client is safe for concurrent use.
+package client
