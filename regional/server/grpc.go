@@ -10,11 +10,13 @@ import (
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// RegisterGRPC registers the service's gRPC APIs on gs: allot.v1.RateLimiter
-// and Envoy's envoy.service.ratelimit.v3.RateLimitService.
+// RegisterGRPC registers the service's gRPC APIs on gs: allot.v1.RateLimiter,
+// Envoy's envoy.service.ratelimit.v3.RateLimitService and Envoy's rate limit
+// quota service (envoy.service.rate_limit_quota.v3, rlqs.go).
 func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) {
 	allotv1.RegisterRateLimiterServer(gs, rateLimiter{s: s})
 	registerEnvoy(gs, s)
+	registerRLQS(gs, s)
 }
 
 type rateLimiter struct {

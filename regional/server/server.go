@@ -38,6 +38,9 @@ type Options struct {
 	// LeaseTTL is how long a gateway may spend a Lease grant before its
 	// unused tokens must come back; 0 means DefaultLeaseTTL.
 	LeaseTTL time.Duration
+	// RLQS configures Envoy's rate limit quota service; its Registry
+	// defaults to Registry.
+	RLQS RLQSOptions
 }
 
 // Service serves one region's engine. The zero value is not usable; call
@@ -53,6 +56,7 @@ type Service struct {
 	rsv      *reserveState // reserve.go
 	shadow   *shadowLog    // samples would-be rejections of shadow limits (shadowlog.go)
 	leases   *leases       // gateway leases (lease.go)
+	rlqs     *RLQS         // Envoy's rate limit quota service (rlqs.go)
 }
 
 // New returns a Service deciding with engine.
@@ -78,6 +82,10 @@ func New(engine *regional.Engine, opts Options) *Service {
 	s.rsv = newReserveState(s, opts)
 	s.shadow = newShadowLog(s.log, DefaultShadowLogRate)
 	s.leases = newLeases(s, opts.LeaseTTL, opts.Registry)
+	if opts.RLQS.Registry == nil {
+		opts.RLQS.Registry = opts.Registry
+	}
+	s.rlqs = NewRLQS(s, opts.RLQS)
 	return s
 }
 
