@@ -23,18 +23,32 @@ import (
 	"github.com/allot-dev/allot/regional/server"
 )
 
+// devFlags are allot dev's flags; allot demo has them too.
+type devFlags struct {
+	regionFlags
+	regions   string
+	coordAddr string
+	etcdAddr  string
+	dataDir   string
+	period    time.Duration
+}
+
+func (f *devFlags) register(fs *flag.FlagSet) {
+	f.regionFlags.register(fs, "127.0.0.1:8081", "127.0.0.1:8080")
+	fs.StringVar(&f.regions, "regions", "us-east,eu-west,ap-south", "regions to run; region i listens on the first region's ports + 10·i")
+	fs.StringVar(&f.coordAddr, "coordinator-addr", "127.0.0.1:8070", "the coordinator's gRPC listen address")
+	fs.StringVar(&f.etcdAddr, "etcd-addr", "127.0.0.1:2479", "the embedded etcd's client address (its peer address is the next port)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "the embedded etcd's data folder; default: a temporary folder removed at exit")
+	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often the coordinator recomputes shares")
+}
+
 // runDev starts the embedded default: an embedded etcd, one coordinator
 // and several regions in one process.
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("allot dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var f regionFlags
-	f.register(fs, "127.0.0.1:8081", "127.0.0.1:8080")
-	regions := fs.String("regions", "us-east,eu-west,ap-south", "regions to run; region i listens on the first region's ports + 10·i")
-	coordAddr := fs.String("coordinator-addr", "127.0.0.1:8070", "the coordinator's gRPC listen address")
-	etcdAddr := fs.String("etcd-addr", "127.0.0.1:2479", "the embedded etcd's client address (its peer address is the next port)")
-	dataDir := fs.String("data-dir", "", "the embedded etcd's data folder; default: a temporary folder removed at exit")
-	period := fs.Duration("rebalance-period", 2*time.Second, "how often the coordinator recomputes shares")
+	var f devFlags
+	f.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot dev [flags]\n\nThe embedded default: an embedded etcd, a coordinator and three regions in one process,\nenforcing the built-in example limits in memory. SIGHUP reloads --config.")
 		fs.PrintDefaults()
@@ -42,122 +56,174 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	names := splitList(*regions)
+	c, err := startDev(ctx, &f, stderr, nil)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	printDev(stdout, c)
+	return c.serve(ctx, f.config)
+}
+
+// devLinks, when given to startDev, chooses the addresses through which
+// a region reaches the coordinators and its peers: allot demo puts links
+// it can cut in between. It gets the direct coordinator addresses (none
+// when no domain is coordinated).
+type devLinks func(region string, coordinators []string) (via []string, peers map[string]string, err error)
+
+// devCluster is the embedded default, running. Its regions' nodes are
+// stopped by serve; close releases the rest.
+type devCluster struct {
+	cfg            *allot.Config
+	log            *slog.Logger
+	store          *etcdstore.Store
+	nodes          []*regionNode
+	adminAddr      string // the coordinator's gRPC address (Admin API)
+	coordAdvertise string // the same when some domain is coordinated, else ""
+	etcd           string // the embedded etcd's client address
+	coordinated    []string
+	version        int64    // the configuration version seeded in etcd
+	cleanup        []func() // run in reverse order by close
+}
+
+// startDev starts the embedded default described by f: an embedded etcd,
+// the coordinator and f's regions, linked directly or through links.
+func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks) (_ *devCluster, err error) {
+	names := splitList(f.regions)
 	if len(names) == 0 {
-		return fmt.Errorf("dev: --regions is empty")
+		return nil, fmt.Errorf("dev: --regions is empty")
 	}
 	log, err := f.logger(stderr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg, err := loadConfig(f.config)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	coordinated := coordinatedDomains(cfg, names)
+	c := &devCluster{cfg: cfg, log: log, coordinated: coordinatedDomains(cfg, names)}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
 
-	dir := *dataDir
+	dir := f.dataDir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "allot-dev-etcd-"); err != nil {
-			return err
+			return nil, err
 		}
-		defer os.RemoveAll(dir)
+		c.cleanup = append(c.cleanup, func() { os.RemoveAll(dir) })
 	}
-	peer, err := offsetAddr(*etcdAddr, 1)
+	peer, err := offsetAddr(f.etcdAddr, 1)
 	if err != nil {
-		return fmt.Errorf("dev: --etcd-addr: %w", err)
+		return nil, fmt.Errorf("dev: --etcd-addr: %w", err)
 	}
-	if peer == *etcdAddr {
+	if peer == f.etcdAddr {
 		peer = "127.0.0.1:0"
 	}
-	etcd, err := etcdstore.StartEmbedded(dir, "http://"+*etcdAddr, "http://"+peer)
+	etcd, err := etcdstore.StartEmbedded(dir, "http://"+f.etcdAddr, "http://"+peer)
 	if err != nil {
-		return fmt.Errorf("dev: embedded etcd: %w", err)
+		return nil, fmt.Errorf("dev: embedded etcd: %w", err)
 	}
-	defer etcd.Close()
-	endpoint := etcd.Clients[0].Addr().String()
-	cli, err := etcdClient(endpoint)
+	c.cleanup = append(c.cleanup, etcd.Close)
+	c.etcd = etcd.Clients[0].Addr().String()
+	cli, err := etcdClient(c.etcd)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer cli.Close()
-	store := etcdstore.New(cli, "")
-	version, err := seedConfig(ctx, store, f.config)
-	if err != nil {
-		return err
+	c.cleanup = append(c.cleanup, func() { cli.Close() })
+	c.store = etcdstore.New(cli, "")
+	if c.version, err = seedConfig(ctx, c.store, f.config); err != nil {
+		return nil, err
 	}
 
 	// The coordinator's gRPC server: the Admin API (allotctl), and
 	// allot.v1.Coordinator when some domain spans the dev regions.
-	gl, err := net.Listen("tcp", *coordAddr)
+	gl, err := net.Listen("tcp", f.coordAddr)
 	if err != nil {
-		return fmt.Errorf("dev: coordinator listen: %w", err)
+		return nil, fmt.Errorf("dev: coordinator listen: %w", err)
 	}
-	coordAddrUsed := gl.Addr().String()
+	c.adminAddr = gl.Addr().String()
 	gs := grpc.NewServer(server.Recovery(log)...)
-	adm := admin.New(admin.Options{Store: store, Logger: log})
-	defer adm.Close()
+	adm := admin.New(admin.Options{Store: c.store, Logger: log})
+	c.cleanup = append(c.cleanup, adm.Close)
 	adm.Register(gs)
-	var coordAdvertise string
-	if len(coordinated) > 0 {
-		coordAdvertise = coordAddrUsed
+	if len(c.coordinated) > 0 {
+		c.coordAdvertise = c.adminAddr
 		srv, err := service.New(service.Options{
-			Store: store, Config: cfg, Domains: coordinated, Advertise: coordAdvertise,
-			Coordinator: coordinator.Config{Period: *period}, Logger: log.With("component", "coordinator"),
+			Store: c.store, Config: cfg, Domains: c.coordinated, Advertise: c.coordAdvertise,
+			Coordinator: coordinator.Config{Period: f.period}, Logger: log.With("component", "coordinator"),
 		})
 		if err != nil {
 			gl.Close()
-			return err
+			return nil, err
 		}
 		srv.Register(gs)
 		cctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{}, 2)
 		go func() { srv.Run(cctx); done <- struct{}{} }()
-		go func() { followConfig(cctx, store, srv, version, log); done <- struct{}{} }()
-		defer func() { cancel(); <-done; <-done }()
+		go func() { followConfig(cctx, c.store, srv, c.version, log); done <- struct{}{} }()
+		c.cleanup = append(c.cleanup, func() { cancel(); <-done; <-done })
 	}
 	go gs.Serve(gl)
-	defer gs.Stop()
+	c.cleanup = append(c.cleanup, gs.Stop)
 
-	var nodes []*regionNode
 	for i, name := range names {
 		grpcAddr, err := offsetAddr(f.grpcAddr, 10*i)
 		if err != nil {
-			return fmt.Errorf("dev: --grpc-addr: %w", err)
+			return nil, fmt.Errorf("dev: --grpc-addr: %w", err)
 		}
 		httpAddr, err := offsetAddr(f.httpAddr, 10*i)
 		if err != nil {
-			return fmt.Errorf("dev: --http-addr: %w", err)
+			return nil, fmt.Errorf("dev: --http-addr: %w", err)
 		}
 		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log}
 		// Shared-mode counters and loans between the regions (peers.go).
 		spec.peers = devPeers(names, f.grpcAddr, i)
-		spec.store, spec.follow = store, true // regions follow the configuration in etcd and register
-		if coordAdvertise != "" {
-			spec.coordinators = []string{coordAdvertise}
+		spec.store, spec.follow = c.store, true // regions follow the configuration in etcd and register
+		if c.coordAdvertise != "" {
+			spec.coordinators = []string{c.coordAdvertise}
+		}
+		if links != nil {
+			if spec.coordinators, spec.peers, err = links(name, spec.coordinators); err != nil {
+				return nil, fmt.Errorf("dev: region %s: %w", name, err)
+			}
 		}
 		n, err := startRegion(ctx, spec)
 		if err != nil {
-			for _, n := range nodes {
+			for _, n := range c.nodes {
 				n.stop()
 			}
-			return err
+			return nil, err
 		}
-		nodes = append(nodes, n)
+		c.nodes = append(c.nodes, n)
 	}
-	printDev(stdout, cfg, nodes, coordAddrUsed, coordAdvertise, endpoint, coordinated, version)
-	// SIGHUP stores the file as a new version, which every region and the
-	// coordinator follow; a bad file is refused before it reaches etcd.
-	return serveUntilDone(ctx, log, func() error {
-		if _, err := loadConfig(f.config); err != nil {
+	return c, nil
+}
+
+// serve serves until ctx ends, then stops the regions. SIGHUP stores the
+// file at path as a new version, which every region and the coordinator
+// follow; a bad file is refused before it reaches etcd.
+func (c *devCluster) serve(ctx context.Context, path string) error {
+	return serveUntilDone(ctx, c.log, func() error {
+		if _, err := loadConfig(path); err != nil {
 			return err
 		}
-		v, err := seedConfig(ctx, store, f.config)
+		v, err := seedConfig(ctx, c.store, path)
 		if err == nil {
-			log.Info("config stored in etcd", "version", v)
+			c.log.Info("config stored in etcd", "version", v)
 		}
 		return err
-	}, nodes)
+	}, c.nodes)
+}
+
+// close stops the coordinator and etcd; serve has stopped the regions.
+func (c *devCluster) close() {
+	for i := len(c.cleanup) - 1; i >= 0; i-- {
+		c.cleanup[i]()
+	}
+	c.cleanup = nil
 }
 
 // seedConfig makes the file dev starts with (or the built-in example) the
@@ -224,20 +290,25 @@ func coordinatedDomains(cfg *allot.Config, regions []string) []string {
 	return out
 }
 
-func printDev(w io.Writer, cfg *allot.Config, nodes []*regionNode, adminAddr, coord, etcd string, coordinated []string, version int64) {
-	fmt.Fprintf(w, "allot dev: %d regions enforcing %s, configuration version %d in etcd\n", len(nodes), cfg.Source, version)
-	for _, n := range nodes {
-		fmt.Fprintf(w, "  region %-9s gRPC %-16s HTTP http://%s\n", n.name, n.grpcAddr, n.httpAddr)
-	}
-	if coord != "" {
-		fmt.Fprintf(w, "  coordinator      gRPC %-16s domains %v, shares rebalanced from demand\n", coord, coordinated)
-	}
-	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (--addr %s)\n", adminAddr, adminAddr)
-	fmt.Fprintf(w, "  etcd (embedded)  %s\n", etcd)
-	first := nodes[0]
+func printDev(w io.Writer, c *devCluster) {
+	printCluster(w, "allot dev", c)
+	first := c.nodes[0]
 	fmt.Fprintf(w, "\nTry it: user 42 may send 30/s with a burst of 15 over all regions; %s starts with 35%% of it,\n", first.name)
 	fmt.Fprintf(w, "so the 6th request in a row gets a 429:\n")
 	fmt.Fprintf(w, "  for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%%{http_code}\\n' -X POST http://%s/v1/check \\\n", first.httpAddr)
 	fmt.Fprintf(w, "    -H 'Content-Type: application/json' -d '{\"domain\":\"api\",\"descriptors\":[{\"user\":\"42\"}]}'; done\n")
 	fmt.Fprintf(w, "Metrics: http://%s/metrics   Stop with Ctrl-C.\n", first.httpAddr)
+}
+
+// printCluster prints what c serves where, under the command's name.
+func printCluster(w io.Writer, name string, c *devCluster) {
+	fmt.Fprintf(w, "%s: %d regions enforcing %s, configuration version %d in etcd\n", name, len(c.nodes), c.cfg.Source, c.version)
+	for _, n := range c.nodes {
+		fmt.Fprintf(w, "  region %-9s gRPC %-16s HTTP http://%s\n", n.name, n.grpcAddr, n.httpAddr)
+	}
+	if c.coordAdvertise != "" {
+		fmt.Fprintf(w, "  coordinator      gRPC %-16s domains %v, shares rebalanced from demand\n", c.coordAdvertise, c.coordinated)
+	}
+	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (--addr %s)\n", c.adminAddr, c.adminAddr)
+	fmt.Fprintf(w, "  etcd (embedded)  %s\n", c.etcd)
 }

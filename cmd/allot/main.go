@@ -35,6 +35,7 @@ const usage = `usage: allot COMMAND [flags]
 
 commands:
   dev        the embedded default: etcd, a coordinator and three regions in one process
+  demo       allot dev plus traffic that plays a story, a live view and a dashboard
   coordinator  lead domains through etcd and split their limits among regions
   regional   serve one region's enforcer (gRPC, Envoy's rate limit API, HTTP)
   check      play requests against the in-memory engine and print each decision
@@ -53,6 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "dev":
 		return runDev(ctx, args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(ctx, args[1:], stdout, stderr)
 	case "regional":
 		return runRegional(ctx, args[1:], stdout, stderr)
 	case "coordinator":
