@@ -3,16 +3,23 @@ PKGS    ?= ./...
 BENCH   ?= .
 BIN     ?= bin
 
-.PHONY: all build test bench lint fuzz dev sim
+.PHONY: all build test bench lint fuzz dev sim k8s
 
 all: lint build test
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## test: every test, with the race detector
+## test: every test, with the race detector, then the manifests' checks
 test:
 	$(GO) test -race -count=1 $(PKGS)
+	$(MAKE) k8s
+
+## k8s: render deploy/kubernetes with kustomize and check every object, the
+## alert rules and the Dockerfile (its own module: deploy/kubernetes/validate;
+## -count=1 because the manifests live outside that module's folder)
+k8s:
+	cd deploy/kubernetes/validate && $(GO) test -count=1 ./...
 
 ## bench: the engine's benchmarks (targets in DESIGN.md section 10)
 bench:
