@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -123,7 +124,15 @@ func New(cfg Config) (*Client, error) {
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	// An enforcer back from a restart is redialled within a second, not
+	// gRPC's default of up to two minutes.
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}),
+	}, cfg.DialOptions...)
 	for _, addr := range cfg.Addrs {
 		cc, err := grpc.NewClient(addr, opts...)
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/allot-dev/allot"
@@ -85,7 +86,13 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{opts: opts, log: opts.Logger.With("region", opts.Region), metrics: newMetrics(opts.Registry), domains: map[string]*link{}}
 	for _, a := range opts.Addrs {
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// A coordinator back from a partition or a restart is redialled
+		// within a second, not gRPC's default of up to two minutes.
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+				MinConnectTimeout: time.Second,
+			}))
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("coordclient: %s: %w", a, err)
