@@ -129,7 +129,7 @@ func (f *Enforcer) CheckItems(ctx context.Context, now time.Time, domain string,
 	var steps [maxInline]step
 	r := request{f: f, parent: ctx, now: now, domain: domain, items: items}
 	defer r.release()
-	d := decision{r: &r, t: now.UnixNano(), ws: ws, sts: dec.Statuses, steps: route(ws, steps[:0])}
+	d := decision{r: &r, t: now.UnixNano(), ws: ws, sts: dec.Statuses, steps: route(ws, steps[:0], now.UnixNano())}
 	d.run()
 	fold(dec)
 	return nil
@@ -151,7 +151,7 @@ func (f *Enforcer) RefundItems(ctx context.Context, now time.Time, domain string
 	}
 	r := request{f: f, parent: ctx, now: now, domain: domain, items: items}
 	defer r.release()
-	d := decision{r: &r, t: now.UnixNano(), ws: ws, sts: dec.Statuses, steps: route(ws, nil)}
+	d := decision{r: &r, t: now.UnixNano(), ws: ws, sts: dec.Statuses, steps: route(ws, nil, now.UnixNano())}
 	if d.only(byEngine, false) > 0 {
 		f.engine.table.run(d.t, items, ws, dec.Statuses, opRefund)
 	}
@@ -239,8 +239,12 @@ func (r *request) release() {
 	}
 }
 
-// route says where each work is decided.
-func route(ws []work, steps []step) []step {
+// route says where each work is decided, at now (unix ns). A work of
+// the store gets the share a check may use (shareHist.forCheck): a
+// sliding window's share raised within a window counts from the next
+// one, as in the engine, since the region that gave it up may already
+// have spent its part of this window in its own store.
+func route(ws []work, steps []step, now int64) []step {
 	for i := range ws {
 		w := &ws[i]
 		s := step{base: w.p}
@@ -252,7 +256,7 @@ func route(ws []work, steps []step) []step {
 			s.kind = byStore
 		}
 		if s.kind != byEngine {
-			s.p = w.p.scaled(w.ls.shares.hist(w.key).current())
+			s.p = w.p.scaled(w.ls.shares.hist(w.key).forCheck(w.p, now))
 		}
 		steps = append(steps, s)
 	}

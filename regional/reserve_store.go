@@ -149,7 +149,7 @@ func (f *Enforcer) chargeItems(ctx context.Context, now time.Time, domain string
 	r := request{f: f, parent: ctx, now: now, domain: domain, items: items}
 	r.ctx, r.cancel = context.WithTimeout(ctx, f.background())
 	defer r.release()
-	d := decision{r: &r, t: now.UnixNano(), ws: ws, sts: dec.Statuses, steps: route(ws, nil)}
+	d := decision{r: &r, t: now.UnixNano(), ws: ws, sts: dec.Statuses, steps: route(ws, nil, now.UnixNano())}
 	if d.only(byEngine, false) > 0 {
 		f.engine.table.run(d.t, items, ws, dec.Statuses, opForce)
 	}

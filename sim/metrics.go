@@ -10,27 +10,44 @@ import (
 
 // metrics collects one system's figures as the run goes.
 type metrics struct {
-	sc      *Scenario
-	regions []string
-	l       float64       // the limit's amount per window, per key
-	period  time.Duration // of a window
-	hot     string        // the watched key's name, for the window table
+	sc     *Scenario
+	keys   *keySpace
+	nr     int           // regions
+	l      float64       // the limit's amount per window, per key
+	period time.Duration // of a window
+	ideal  bool          // the ideal pass: counts only
 
-	byRegion   map[string]*Counts    // after the warm-up
-	perKey     map[keyWindow]float64 // global admitted
-	hotWindows map[int64][]float64   // the watched key's admitted, by region
-	times      []time.Duration       // of share samples
-	shares     [][]float64           // by sample, by region
-	messages   int                   // sent, lost or not
-	refused    int                   // by the coordinator or an Applier
-	loanAsks   int
-	loaned     float64 // cost granted by lenders
-	shareSum   float64 // largest Σ over regions of a key's shares in force
+	byRegion []Counts // after the warm-up
+	arrivals []int64  // by region, the whole run: requests, not cost
+	// Admitted per key and window, kept for the current window of each
+	// key: cnt[id×(nr+1)] is the window that cnt[id×(nr+1)+1 …] counts,
+	// by region (−1: none), in one cache line for up to 7 regions; a
+	// key's window is checked against L when the key's next admission is
+	// in a later window, and at the end.
+	cnt            []float64
+	overWindows    int
+	overMax        float64
+	worst          keyWindow
+	regOverWindows []int
+	regOverMax     []float64
+
+	hotWindows  map[int64][]float64 // the watched key's admitted, by region
+	times       []time.Duration     // of share samples
+	shares      [][]float64         // by sample, by region
+	messages    []int               // by region, sent, lost or not
+	storeCalls  []int64             // by region: Take, Lease, Charge, Acquire, Free
+	heartbeats  []int64             // by region
+	refused     int                 // by the coordinator or an Applier
+	loanAsks    int
+	loaned      float64 // cost granted by lenders
+	shareSum    float64 // largest Σ over regions of a key's shares in force
+	inFlight    int     // LLM calls streaming
+	maxInFlight int
 }
 
 type keyWindow struct {
-	key string
-	w   int64
+	id int
+	w  int64
 }
 
 // Counts are requests of one region (or all) after the warm-up, in cost.
@@ -45,40 +62,87 @@ type Counts struct {
 	Ideal float64 `json:"ideal_admitted"`
 }
 
-func newMetrics(sc *Scenario, l *allot.Limit, d *allot.Domain, hot string) *metrics {
-	m := &metrics{sc: sc, regions: d.Regions, l: float64(l.Rate.Amount), period: l.Rate.Period, hot: hot,
-		byRegion: map[string]*Counts{}, perKey: map[keyWindow]float64{}, hotWindows: map[int64][]float64{}}
-	for _, r := range d.Regions {
-		m.byRegion[r] = &Counts{}
+func newMetrics(sc *Scenario, l *allot.Limit, d *allot.Domain, keys *keySpace, ideal bool) *metrics {
+	nr := len(d.Regions)
+	m := &metrics{sc: sc, keys: keys, nr: nr, l: float64(l.Rate.Amount), period: l.Rate.Period, ideal: ideal,
+		byRegion: make([]Counts, nr), arrivals: make([]int64, nr), regOverWindows: make([]int, nr),
+		regOverMax: make([]float64, nr), hotWindows: map[int64][]float64{}, messages: make([]int, nr),
+		storeCalls: make([]int64, nr), heartbeats: make([]int64, nr), worst: keyWindow{id: -1}}
+	if !ideal {
+		m.cnt = make([]float64, len(keys.values)*(nr+1))
+		for i := 0; i < len(m.cnt); i += nr + 1 {
+			m.cnt[i] = -1
+		}
 	}
 	return m
 }
 
-func (m *metrics) request(now time.Time, region, key string, cost float64, allowed, ideal bool) {
-	w := now.Sub(T0).Nanoseconds() / m.period.Nanoseconds()
-	if allowed {
-		m.perKey[keyWindow{key, w}] += cost
-		if key == m.hot {
+// add counts n requests of key id in region r decided now: admitted and
+// rejected are their cost.
+func (m *metrics) add(now time.Time, r, id, n int, admitted, rejected float64) {
+	m.arrivals[r] += int64(n)
+	if admitted > 0 && !m.ideal {
+		w := int64(now.Sub(T0) / m.period)
+		row := m.cnt[id*(m.nr+1):]
+		if int64(row[0]) != w {
+			m.flush(id)
+			row[0] = float64(w)
+		}
+		row[1+r] += admitted
+		if id == m.keys.hot {
 			hw := m.hotWindows[w]
 			if hw == nil {
-				hw = make([]float64, len(m.regions))
+				hw = make([]float64, m.nr)
 				m.hotWindows[w] = hw
 			}
-			hw[slices.Index(m.regions, region)] += cost
+			hw[r] += admitted
 		}
 	}
 	if now.Sub(T0) < m.sc.Warmup {
 		return
 	}
-	c := m.byRegion[region]
-	c.Requests += cost
-	if allowed {
-		c.Admitted += cost
-	} else {
-		c.Rejected += cost
+	c := &m.byRegion[r]
+	c.Requests += admitted + rejected
+	c.Admitted += admitted
+	c.Rejected += rejected
+}
+
+// flush checks key id's window against L and clears it. The excess of a
+// window above L is shared among regions in proportion to what each
+// admitted in it.
+func (m *metrics) flush(id int) {
+	w := m.cnt[id*(m.nr+1)]
+	if w < 0 {
+		return
 	}
-	if ideal {
-		c.Ideal += cost
+	row := m.cnt[id*(m.nr+1)+1 : (id+1)*(m.nr+1)]
+	total := 0.0
+	for _, n := range row {
+		total += n
+	}
+	if total > m.l {
+		excess := total - m.l
+		kw := keyWindow{id, int64(w)}
+		m.overWindows++
+		p := pct(excess, m.l)
+		if p > m.overMax || p == m.overMax && (kw.w < m.worst.w || kw.w == m.worst.w && kw.id < m.worst.id) {
+			m.overMax, m.worst = p, kw // the first worst, so that the order of flushes does not matter
+		}
+		for r, n := range row {
+			if n > 0 {
+				m.regOverWindows[r]++
+				m.regOverMax[r] = max(m.regOverMax[r], pct(excess*n/total, m.l))
+			}
+		}
+	}
+	clear(row)
+	m.cnt[id*(m.nr+1)] = -1
+}
+
+// finish checks the windows still open.
+func (m *metrics) finish() {
+	for id := range len(m.cnt) / (m.nr + 1) {
+		m.flush(id)
 	}
 }
 
@@ -87,11 +151,9 @@ func (m *metrics) sample(now time.Time, shares []float64) {
 	m.shares = append(m.shares, shares)
 }
 
-// Figures are one system's results of a scenario.
-type Figures struct {
-	System string `json:"system"`
+// Summary is the figures of one region, or of all of them.
+type Summary struct {
 	Counts
-	ByRegion map[string]Counts `json:"by_region"`
 	// FalseRejectPct: requests rejected that one global limiter would
 	// have admitted, net, in % of requests: Σ over regions of
 	// max(0, ideal admitted − admitted).
@@ -99,9 +161,34 @@ type Figures struct {
 	// UtilizationPct: admitted, in % of what one global limiter admitted.
 	UtilizationPct float64 `json:"utilization_pct"`
 	// OvershootWindows counts (key, window) pairs whose global admitted
-	// exceeds L; OvershootMaxPct is the worst excess, in % of L.
+	// exceeds L; OvershootMaxPct is the worst excess, in % of L. For a
+	// region: the windows above L in which it admitted, and its part of
+	// the worst excess (shared in proportion to what each region admitted).
 	OvershootWindows int     `json:"overshoot_windows"`
 	OvershootMaxPct  float64 `json:"overshoot_max_pct"`
+	// ConvergenceS is the longest time, over the start and every change
+	// of offered traffic, until the shares of the watched key are within
+	// 0.05 of ideal and stay so (every region's, or the region's); -1:
+	// never; null for a system whose shares do not move (naive) or traffic
+	// whose rate varies continuously (a shape).
+	ConvergenceS *float64 `json:"convergence_s"`
+	// MessagesPerS counts coordinator messages both ways on a region's
+	// link, and the peer messages it sends.
+	MessagesPerS float64 `json:"messages_per_s"`
+	// StoreCalls are calls to the regional store (Take, Lease and the
+	// reservation calls; heartbeats apart), over the whole run;
+	// StoreCallsPerRequest divides them by the requests (not cost).
+	StoreCalls           int64   `json:"store_calls"`
+	StoreHeartbeats      int64   `json:"store_heartbeats"`
+	Arrivals             int64   `json:"arrivals"`
+	StoreCallsPerRequest float64 `json:"store_calls_per_request"`
+}
+
+// Figures are one system's results of a scenario.
+type Figures struct {
+	System string `json:"system"`
+	Summary
+	ByRegion map[string]Summary `json:"by_region"`
 	// MaxShareSum is the largest sum over regions of the shares in force
 	// for one key, checked at every share change (0 without a coordinator).
 	MaxShareSum float64 `json:"max_share_sum"`
@@ -109,15 +196,14 @@ type Figures struct {
 	// largest overshoot.
 	WorstKey     string  `json:"worst_key,omitempty"`
 	WorstWindowS float64 `json:"worst_window_s,omitempty"`
-	worst        keyWindow
-	// Convergence after each demand shift: seconds until every region's
-	// share of the watched key is within 0.05 of ideal and stays so
-	// (-1: never). Empty for the naive system, whose shares never move.
-	Shifts       []Shift `json:"shifts,omitempty"`
-	MessagesPerS float64 `json:"messages_per_s"`
-	LoanAsks     int     `json:"loan_asks"`
-	Loaned       float64 `json:"loaned"` // cost granted by lenders
-	RefusedMsgs  int     `json:"refused_messages"`
+	// Convergence after the start and each demand shift (see
+	// Summary.ConvergenceS).
+	Shifts      []Shift `json:"shifts,omitempty"`
+	LoanAsks    int     `json:"loan_asks"`
+	Loaned      float64 `json:"loaned"` // cost granted by lenders
+	RefusedMsgs int     `json:"refused_messages"`
+	// MaxInFlight is the most LLM calls streaming at once.
+	MaxInFlight int `json:"max_in_flight,omitempty"`
 	// For plots: the watched key's admitted by window and region, and
 	// every region's share of it at each sample instant.
 	HotWindows [][]float64     `json:"-"`
@@ -125,92 +211,141 @@ type Figures struct {
 	Shares     [][]float64     `json:"-"`
 }
 
-// Shift is a change of offered demand and how shares followed it.
+// Shift is a change of offered demand (or the start) and how shares
+// followed it.
 type Shift struct {
 	At           float64   `json:"at_s"`
 	Ideal        []float64 `json:"ideal"`
 	ConvergenceS float64   `json:"convergence_s"`
 	Periods      float64   `json:"convergence_periods"`
+	// ByRegion is each region's convergence (s), in the domain's order.
+	ByRegion []float64 `json:"by_region_s"`
 }
 
-func (m *metrics) figures(sys string, d *allot.Domain, l *allot.Limit, period time.Duration) Figures {
-	f := Figures{System: sys, ByRegion: map[string]Counts{}, RefusedMsgs: m.refused, LoanAsks: m.loanAsks, Loaned: m.loaned, MaxShareSum: m.shareSum,
-		MessagesPerS: float64(m.messages) / m.sc.Duration.Seconds(), ShareTimes: m.times, Shares: m.shares}
-	for _, r := range m.regions {
-		c := *m.byRegion[r]
+func (m *metrics) figures(sys string, d *allot.Domain, l *allot.Limit, period time.Duration, ideal []Counts) Figures {
+	secs := m.sc.Duration.Seconds()
+	f := Figures{System: sys, ByRegion: map[string]Summary{}, RefusedMsgs: m.refused, LoanAsks: m.loanAsks,
+		Loaned: m.loaned, MaxShareSum: m.shareSum, MaxInFlight: m.maxInFlight, ShareTimes: m.times, Shares: m.shares}
+	if sys != Naive {
+		f.Shifts = m.shifts(d, l, period)
+	}
+	g := &f.Summary
+	for i, name := range d.Regions {
+		c := m.byRegion[i]
+		c.Ideal = ideal[i].Admitted
 		c.FalseRejects = max(0, c.Ideal-c.Admitted)
-		f.ByRegion[r] = c
-		f.Requests += c.Requests
-		f.Admitted += c.Admitted
-		f.Rejected += c.Rejected
-		f.FalseRejects += c.FalseRejects
-		f.Ideal += c.Ideal
-	}
-	f.FalseRejectPct = pct(f.FalseRejects, f.Requests)
-	f.UtilizationPct = pct(f.Admitted, f.Ideal)
-	for kw, n := range m.perKey {
-		if n <= m.l {
-			continue
+		s := Summary{Counts: c, FalseRejectPct: pct(c.FalseRejects, c.Requests), UtilizationPct: pct(c.Admitted, c.Ideal),
+			OvershootWindows: m.regOverWindows[i], OvershootMaxPct: m.regOverMax[i],
+			MessagesPerS: float64(m.messages[i]) / secs, StoreCalls: m.storeCalls[i], StoreHeartbeats: m.heartbeats[i],
+			Arrivals: m.arrivals[i], StoreCallsPerRequest: ratio(m.storeCalls[i], m.arrivals[i])}
+		if f.Shifts != nil {
+			s.ConvergenceS = convergence(f.Shifts, func(sh Shift) float64 { return sh.ByRegion[i] })
 		}
-		f.OvershootWindows++
-		p := pct(n-m.l, m.l)
-		if p > f.OvershootMaxPct || p == f.OvershootMaxPct && (kw.w < f.worst.w || kw.w == f.worst.w && kw.key < f.worst.key) {
-			f.OvershootMaxPct, f.worst = p, kw // the first worst, so that any map order gives one answer
-		}
+		f.ByRegion[name] = s
+		g.Requests += c.Requests
+		g.Admitted += c.Admitted
+		g.Rejected += c.Rejected
+		g.FalseRejects += c.FalseRejects
+		g.Ideal += c.Ideal
+		g.MessagesPerS += s.MessagesPerS
+		g.StoreCalls += s.StoreCalls
+		g.StoreHeartbeats += s.StoreHeartbeats
+		g.Arrivals += s.Arrivals
 	}
-	if f.OvershootWindows > 0 {
-		f.WorstKey, f.WorstWindowS = f.worst.key, (time.Duration(f.worst.w) * m.period).Seconds()
+	g.FalseRejectPct = pct(g.FalseRejects, g.Requests)
+	g.UtilizationPct = pct(g.Admitted, g.Ideal)
+	g.StoreCallsPerRequest = ratio(g.StoreCalls, g.Arrivals)
+	g.OvershootWindows, g.OvershootMaxPct = m.overWindows, m.overMax
+	if f.Shifts != nil {
+		g.ConvergenceS = convergence(f.Shifts, func(sh Shift) float64 { return sh.ConvergenceS })
+	}
+	if m.overWindows > 0 {
+		f.WorstKey, f.WorstWindowS = m.keys.name(m.worst.id), (time.Duration(m.worst.w) * m.period).Seconds()
 	}
 	windows := int(m.sc.Duration / m.period)
 	for w := range int64(windows) {
 		hw := m.hotWindows[w]
 		if hw == nil {
-			hw = make([]float64, len(m.regions))
+			hw = make([]float64, m.nr)
 		}
 		f.HotWindows = append(f.HotWindows, hw)
-	}
-	if sys == Allot {
-		f.Shifts = m.shifts(d, l, period)
 	}
 	return f
 }
 
-// shifts finds the instants offered demand changes and how long shares
-// took to settle within 0.05 of the ideal split of the new demand.
+// convergence is the longest of the shifts' convergence times, -1 if one
+// never converged.
+func convergence(shifts []Shift, of func(Shift) float64) *float64 {
+	worst := 0.0
+	for _, s := range shifts {
+		v := of(s)
+		if v < 0 {
+			worst = -1
+			break
+		}
+		worst = max(worst, v)
+	}
+	return &worst
+}
+
+// shifts finds the start and the instants offered demand changes, and
+// how long shares took to settle within 0.05 of the ideal split of the
+// new demand. It returns nil for traffic of varying rate (a shape).
 func (m *metrics) shifts(d *allot.Domain, l *allot.Limit, period time.Duration) []Shift {
-	var at []time.Duration
+	at := []time.Duration{0}
 	for _, t := range m.sc.Traffic {
+		if t.Shape != "" {
+			return nil
+		}
 		at = append(at, t.From, t.Until)
 	}
 	slices.Sort(at)
 	at = slices.Compact(at)
-	at = slices.DeleteFunc(at, func(t time.Duration) bool { return t <= 0 || t >= m.sc.Duration })
-	var out []Shift
+	at = slices.DeleteFunc(at, func(t time.Duration) bool { return t < 0 || t >= m.sc.Duration })
+	out := []Shift{}
 	for i, t := range at {
 		next := m.sc.Duration
 		if i+1 < len(at) {
 			next = at[i+1]
 		}
 		s := Shift{At: t.Seconds(), Ideal: m.idealAt(t, d, l), ConvergenceS: -1, Periods: -1}
-		settled := time.Duration(-1)
+		all := time.Duration(-1)
+		by := make([]time.Duration, m.nr)
+		for r := range by {
+			by[r] = -1
+		}
 		for j, st := range m.times {
 			if st < t || st >= next {
 				continue
 			}
 			ok := true
 			for r, v := range m.shares[j] {
-				ok = ok && math.Abs(v-s.Ideal[r]) <= 0.05
+				in := math.Abs(v-s.Ideal[r]) <= 0.05
+				ok = ok && in
+				switch {
+				case !in:
+					by[r] = -1
+				case by[r] < 0:
+					by[r] = st
+				}
 			}
 			switch {
 			case !ok:
-				settled = -1
-			case settled < 0:
-				settled = st
+				all = -1
+			case all < 0:
+				all = st
 			}
 		}
-		if settled >= 0 {
-			s.ConvergenceS = (settled - t).Seconds()
+		if all >= 0 {
+			s.ConvergenceS = (all - t).Seconds()
 			s.Periods = s.ConvergenceS / period.Seconds()
+		}
+		for _, b := range by {
+			v := -1.0
+			if b >= 0 {
+				v = (b - t).Seconds()
+			}
+			s.ByRegion = append(s.ByRegion, v)
 		}
 		out = append(out, s)
 	}
@@ -224,8 +359,12 @@ func (m *metrics) idealAt(t time.Duration, d *allot.Domain, l *allot.Limit) []fl
 	sum, floors := 0.0, 0.0
 	for _, tr := range m.sc.Traffic {
 		if tr.From <= t && t < tr.Until {
-			rates[slices.Index(d.Regions, tr.Region)] += tr.Rate * float64(tr.Cost)
-			sum += tr.Rate * float64(tr.Cost)
+			rate := tr.Rate * float64(tr.Cost)
+			if c := tr.LLM; c != nil { // the mean call, its output's cap aside
+				rate = tr.Rate * (float64(c.PromptMin+c.PromptMax)/2 + c.OutputMedian*math.Exp(c.OutputSigma*c.OutputSigma/2))
+			}
+			rates[slices.Index(d.Regions, tr.Region)] += rate
+			sum += rate
 		}
 	}
 	for _, f := range l.Floors {
@@ -246,4 +385,11 @@ func pct(a, b float64) float64 {
 		return 0
 	}
 	return 100 * a / b
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
 }

@@ -3,9 +3,12 @@ package sim
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/allot-dev/allot"
@@ -46,25 +49,41 @@ func (r *Result) Failed() []Check {
 }
 
 // Run simulates every system of Systems on the scenario, with the same
-// arrivals, and checks the assertions. The same scenario (and seed) gives
-// the same Result.
-func Run(sc *Scenario, cfg *allot.Config) (res *Result, err error) {
+// arrivals, and checks the assertions. The systems, and the ideal pass
+// that they are measured against, run concurrently, each on its own
+// goroutine and virtual clock. The same scenario (and seed) gives the
+// same Result.
+func Run(sc *Scenario, cfg *allot.Config) (*Result, error) {
 	d := cfg.Domains[0]
 	l := d.Limit(sc.Limit)
 	period := cmp.Or(sc.Period, coordinator.DefaultPeriod)
-	res = &Result{Scenario: sc.Name, Seed: sc.Seed, Limit: l.Name, L: float64(l.Rate.Amount),
+	res := &Result{Scenario: sc.Name, Seed: sc.Seed, Limit: l.Name, L: float64(l.Rate.Amount),
 		WindowS: l.Rate.Period.Seconds(), PeriodS: period.Seconds(), Regions: d.Regions, Watch: sc.Watch}
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("sim: %s: %v", sc.Name, p)
-		}
-	}()
-	for _, sys := range systems(l) {
-		m, err := run(sc, cfg, sys)
-		if err != nil {
-			return nil, fmt.Errorf("sim: %s (%s): %w", sc.Name, sys, err)
-		}
-		res.Systems = append(res.Systems, m.figures(sys, d, l, period))
+	keys := newKeySpace(sc, l)
+	names := append([]string{ideal}, systems(l)...)
+	ms := make([]*metrics, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, sys := range names {
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					errs[i] = fmt.Errorf("sim: %s (%s): %v", sc.Name, sys, p)
+				}
+			}()
+			m, err := run(sc, cfg, sys, keys)
+			if err != nil {
+				err = fmt.Errorf("sim: %s (%s): %w", sc.Name, sys, err)
+			}
+			ms[i], errs[i] = m, err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for i, sys := range names[1:] {
+		res.Systems = append(res.Systems, ms[i+1].figures(sys, d, l, period, ms[0].byRegion))
 	}
 	for _, a := range sc.Asserts {
 		res.Checks = append(res.Checks, res.check(a))
@@ -84,36 +103,58 @@ func (r *Result) System(name string) *Figures {
 
 func (r *Result) check(a Assert) Check {
 	f := r.System(a.System)
+	s := f.Summary
+	if a.Region != "" {
+		s = f.ByRegion[a.Region]
+	}
 	c := Check{Assert: a}
 	switch a.Check {
 	case "overshoot_max_pct":
-		c.Got = f.OvershootMaxPct
+		c.Got = s.OvershootMaxPct
 		c.OK = c.Got <= a.Value
+	case "overshoot_min_pct":
+		c.Got = s.OvershootMaxPct
+		c.OK = c.Got >= a.Value
 	case "never_above_limit":
-		c.Got = float64(f.OvershootWindows)
-		c.OK = f.OvershootWindows == 0
+		c.Got = float64(s.OvershootWindows)
+		c.OK = s.OvershootWindows == 0
 	case "shares_sum_max":
 		c.Got = f.MaxShareSum
 		c.OK = c.Got <= a.Value
 	case "false_rejects_max_pct":
-		c.Got = f.FalseRejectPct
+		c.Got = s.FalseRejectPct
 		c.OK = c.Got <= a.Value
 	case "utilization_min_pct":
-		c.Got = f.UtilizationPct
+		c.Got = s.UtilizationPct
 		c.OK = c.Got >= a.Value
 	case "utilization_max_pct":
-		c.Got = f.UtilizationPct
+		c.Got = s.UtilizationPct
+		c.OK = c.Got <= a.Value
+	case "store_calls_max_per_request":
+		c.Got = s.StoreCallsPerRequest
 		c.OK = c.Got <= a.Value
 	case "converge_within_periods":
-		c.OK = len(f.Shifts) > 0
-		for _, s := range f.Shifts {
-			if s.Periods < 0 {
+		n, ri := 0, slices.Index(r.Regions, a.Region)
+		c.OK = true
+		for _, sh := range f.Shifts {
+			if sh.At == 0 {
+				continue // the start is not a shift
+			}
+			n++
+			v := sh.Periods
+			if ri >= 0 {
+				if v = sh.ByRegion[ri]; v >= 0 {
+					v /= r.PeriodS
+				}
+			}
+			if v < 0 {
 				c.Got, c.OK = -1, false
 				break
 			}
-			c.Got = max(c.Got, s.Periods)
-			c.OK = c.OK && s.Periods <= a.Value
+			c.Got = max(c.Got, v)
+			c.OK = c.OK && v <= a.Value
 		}
+		c.OK = c.OK && n > 0
 	}
 	return c
 }
@@ -130,11 +171,12 @@ func (r *Result) Markdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s\n\nseed %d, limit %s: L = %g per %gs window per key, rebalance period %gs\n\n",
 		r.Scenario, r.Seed, r.Limit, r.L, r.WindowS, r.PeriodS)
-	b.WriteString("| system | requests | admitted | rejected | false rejects | false rejects % | utilisation % | windows above L | max overshoot % | messages/s |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| system | requests | admitted | rejected | false rejects | false rejects % | utilisation % | windows above L | max overshoot % | convergence (s) | messages/s | store calls/request |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, f := range r.Systems {
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.0f | %.0f | %.3f | %.2f | %d | %.2f | %.1f |\n", f.System, f.Requests,
-			f.Admitted, f.Rejected, f.FalseRejects, f.FalseRejectPct, f.UtilizationPct, f.OvershootWindows, f.OvershootMaxPct, f.MessagesPerS)
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.0f | %.0f | %.3f | %.2f | %d | %.2f | %s | %.1f | %.4f |\n", f.System, f.Requests,
+			f.Admitted, f.Rejected, f.FalseRejects, f.FalseRejectPct, f.UtilizationPct, f.OvershootWindows, f.OvershootMaxPct,
+			Seconds(f.ConvergenceS), f.MessagesPerS, f.StoreCallsPerRequest)
 	}
 	for _, f := range r.Systems {
 		if f.MaxShareSum > 0 {
@@ -146,24 +188,30 @@ func (r *Result) Markdown(w io.Writer) error {
 		if f.LoanAsks > 0 {
 			fmt.Fprintf(&b, "\n%s: %d loan asks, %.0f lent\n", f.System, f.LoanAsks, f.Loaned)
 		}
+		if f.StoreHeartbeats > 0 {
+			fmt.Fprintf(&b, "\n%s: %d regional store calls on the request path and for leases, %d heartbeats\n", f.System, f.StoreCalls, f.StoreHeartbeats)
+		}
+		if f.MaxInFlight > 0 {
+			fmt.Fprintf(&b, "\n%s: at most %d LLM calls streaming at once\n", f.System, f.MaxInFlight)
+		}
 	}
-	b.WriteString("\nBy region (admitted / requests / false rejects):\n\n| system |")
-	for _, reg := range r.Regions {
-		fmt.Fprintf(&b, " %s |", reg)
-	}
-	b.WriteString("\n|---|" + strings.Repeat("---:|", len(r.Regions)) + "\n")
+	b.WriteString("\nBy region:\n\n| system | region | requests | admitted | false rejects % | utilisation % | windows above L | overshoot % (its part) | convergence (s) | messages/s | store calls/request |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, f := range r.Systems {
-		fmt.Fprintf(&b, "| %s |", f.System)
 		for _, reg := range r.Regions {
 			c := f.ByRegion[reg]
-			fmt.Fprintf(&b, " %.0f / %.0f / %.0f |", c.Admitted, c.Requests, c.FalseRejects)
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.3f | %.2f | %d | %.2f | %s | %.1f | %.4f |\n", f.System, reg, c.Requests, c.Admitted,
+				c.FalseRejectPct, c.UtilizationPct, c.OvershootWindows, c.OvershootMaxPct, Seconds(c.ConvergenceS), c.MessagesPerS, c.StoreCallsPerRequest)
 		}
-		b.WriteString("\n")
 	}
 	if f := r.System(Allot); len(f.Shifts) > 0 {
-		b.WriteString("\nDemand shifts (allot): shares of the watched key within 0.05 of ideal after\n\n| at (s) | ideal shares | convergence (s) | periods |\n|---:|---|---:|---:|\n")
+		b.WriteString("\nStart and demand shifts (allot): shares of the watched key within 0.05 of ideal after\n\n| at (s) | ideal shares | convergence (s) | periods | by region (s) |\n|---:|---|---:|---:|---|\n")
 		for _, s := range f.Shifts {
-			fmt.Fprintf(&b, "| %g | %s | %s | %s |\n", s.At, floats(s.Ideal), never(s.ConvergenceS), never(s.Periods))
+			by := make([]string, len(s.ByRegion))
+			for i, v := range s.ByRegion {
+				by[i] = never(v)
+			}
+			fmt.Fprintf(&b, "| %g | %s | %s | %s | %s |\n", s.At, floats(s.Ideal), never(s.ConvergenceS), never(s.Periods), strings.Join(by, " / "))
 		}
 	}
 	if f := r.System(Allot); len(f.Shares) > 0 {
@@ -206,7 +254,11 @@ func (r *Result) Markdown(w io.Writer) error {
 			if !c.OK {
 				ok = "FAILED"
 			}
-			fmt.Fprintf(&b, "* %s: %s %s %g: got %.3f", ok, c.System, c.Assert.Check, c.Value, c.Got)
+			fmt.Fprintf(&b, "* %s: %s", ok, c.System)
+			if c.Region != "" {
+				fmt.Fprintf(&b, " (%s)", c.Region)
+			}
+			fmt.Fprintf(&b, " %s %g: got %.3f", c.Assert.Check, c.Value, c.Got)
 			if c.Known != "" {
 				fmt.Fprintf(&b, " (known failure: %s)", c.Known)
 			}
@@ -215,6 +267,14 @@ func (r *Result) Markdown(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// Seconds formats a convergence time: "n/a" for none, "never" for -1.
+func Seconds(x *float64) string {
+	if x == nil {
+		return "n/a"
+	}
+	return never(*x)
 }
 
 func floats(xs []float64) string {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"container/heap"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -25,18 +26,36 @@ const (
 // engine has no switch for it, so the limit's stale_after is set to a day.
 const NoFallback = "no-fallback"
 
+// ChargeAfter is allot with LLM calls admitted while the token limit is
+// not exhausted (a check of 0 tokens) and charged their real cost only
+// when the response ends, instead of reserving prompt + p90 output.
+const ChargeAfter = "charge-after"
+
+// ideal is the pass that checks every request against one engine holding
+// the whole limit: the reference for false rejects and utilisation.
+const ideal = "ideal"
+
 // systems lists the systems Run simulates for a limit, in report order:
-// allot and the naive even split, and for a shared-mode limit allot
-// without fallback.
+// allot and the naive even split; for a shared-mode limit allot without
+// fallback; for a limit of tokens, charging after the response.
 func systems(l *allot.Limit) []string {
+	s := []string{Allot, Naive}
 	if l.Mode == allot.Shared {
-		return []string{Allot, Naive, NoFallback}
+		s = append(s, NoFallback)
 	}
-	return []string{Allot, Naive}
+	if l.Unit == allot.Tokens {
+		s = append(s, ChargeAfter)
+	}
+	return s
 }
 
 // T0 is the virtual clock's start: aligned to every window.
 var T0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// sweepEvery is how often every engine drops the keys whose state is back
+// to full (regional.Engine.Sweep: no decision changes), which bounds the
+// memory of a run over many keys.
+const sweepEvery = 5 * time.Second
 
 // event is one thing due at a virtual instant; seq breaks ties in the
 // order events were scheduled, so a run is deterministic.
@@ -68,20 +87,21 @@ func (q *queue) Pop() any {
 // everything happens on the caller's goroutine, in virtual time.
 type world struct {
 	sc     *Scenario
+	sys    string
 	dom    *allot.Domain
 	lim    *allot.Limit
+	keys   *keySpace // shared by the systems of a run, read-only
 	now    time.Time
 	end    time.Time
 	q      queue
 	seq    uint64
-	load   *rand.Rand // arrivals and keys: the same in every system
 	net    *rand.Rand // latency, loss, duplication
-	ideal  *regional.Engine
-	idec   allot.Decision
+	ctx    context.Context
 	dec    allot.Decision
+	items  [1]regional.Item
+	batch  []uint64 // arrivals of one tick: instance<<32 | key id
 	region []*region
 	m      *metrics
-	hot    string // the watched key's name
 
 	// The coordinator, nil while down. gen counts coordinators, so that
 	// messages sent to a stopped one are lost.
@@ -92,13 +112,32 @@ type world struct {
 	cut   map[string]bool      // regions partitioned from the coordinator and peers
 }
 
+// region is one region of a system.
 type region struct {
-	name string
-	link Link
-	e    *regional.Engine     // the region's engine (allot)
-	inst []*regional.Engine   // one engine per instance (naive)
-	app  *coordinator.Applier // nil in the naive system
+	name  string
+	idx   int // in the domain's regions
+	link  Link
+	skew  time.Duration // its clock reads true time + skew
+	inst  []*instance
+	div   float64   // a local limit's share is ÷ div in each instance
+	store *simStore // nil without leased or exact limits
+	app   *coordinator.Applier
 }
+
+// instance is one enforcer instance: an engine, the Enforcer over it
+// when the domain has leased or exact limits, and the Reservations of
+// LLM calls.
+type instance struct {
+	e  *regional.Engine
+	f  *regional.Enforcer
+	rs *regional.Reservations
+}
+
+// e is the engine of a region that runs one (shared mode, peers).
+func (r *region) e() *regional.Engine { return r.inst[0].e }
+
+// clock is region r's clock.
+func (w *world) clock(r *region) time.Time { return w.now.Add(r.skew) }
 
 func (w *world) at(t time.Time, fn func()) {
 	w.seq++
@@ -117,91 +156,58 @@ func (w *world) every(start time.Time, d time.Duration, fn func()) {
 	w.at(start, loop)
 }
 
-// run simulates one system of the scenario.
-func run(sc *Scenario, cfg *allot.Config, sys string) (*metrics, error) {
-	d := cfg.Domains[0]
-	w := &world{sc: sc, dom: d, lim: d.Limit(sc.Limit), now: T0, end: T0.Add(sc.Duration),
-		load: rand.New(rand.NewPCG(sc.Seed, 1)), net: rand.New(rand.NewPCG(sc.Seed, 2)),
-		ideal: regional.New(cfg, regional.Options{}), cut: map[string]bool{}}
-	w.hot = regional.KeyString(w.lim, allot.Descriptor{{Key: w.entry(), Value: sc.Watch}})
-	w.m = newMetrics(sc, w.lim, d, w.hot)
-	total := 0
-	for _, r := range sc.Regions {
-		total += r.Instances
+// localConfig returns the scenario's configuration with every limit
+// enforced locally (and, for the no-fallback system, stale_after a day).
+func localConfig(sc *Scenario, staleDay bool) (*allot.Config, error) {
+	c, err := allot.ParseConfig(sc.Name, []byte(sc.Config))
+	if err != nil {
+		return nil, err
 	}
-	ecfg := cfg
-	if sys == NoFallback {
-		c, err := allot.ParseConfig(sc.Name, []byte(sc.Config))
-		if err != nil {
-			return nil, err
-		}
-		for _, l := range c.Domains[0].Limits {
+	for _, l := range c.Domains[0].Limits {
+		l.Enforcement = allot.Local
+		if staleDay {
 			l.StaleAfter = 24 * time.Hour
 		}
-		ecfg = c
 	}
-	coordinated := sys != Naive
-	for _, name := range d.Regions {
-		sr := sc.region(name)
-		r := &region{name: name, link: *sr.Link}
-		if coordinated {
-			r.e = regional.New(ecfg, regional.Options{})
-		}
-		if coordinated && w.peers() {
-			if err := r.e.SetPeers(name, slices.DeleteFunc(slices.Clone(d.Regions), func(p string) bool { return p == name })); err != nil {
-				return nil, err
-			}
-		}
-		w.region = append(w.region, r)
-		if !coordinated { // every instance enforces global ÷ instances
-			for range sr.Instances {
-				e := regional.New(ecfg, regional.Options{})
-				for _, l := range d.Limits {
-					if err := e.SetShare(w.now, d.Name, l.Name, 1/float64(total)); err != nil {
-						return nil, err
-					}
-				}
-				r.inst = append(r.inst, e)
-			}
-			continue
-		}
-		app, err := coordinator.NewApplier(d, name, coordinator.Snapshot{})
-		if err != nil {
-			return nil, err
-		}
-		r.app = app
-		for _, l := range d.Limits {
-			if err := r.e.SetShare(w.now, d.Name, l.Name, app.Share(l.Name, "")); err != nil {
-				return nil, err
+	return c, nil
+}
+
+// run simulates one system of the scenario (or the ideal pass).
+func run(sc *Scenario, cfg *allot.Config, sys string, keys *keySpace) (*metrics, error) {
+	d := cfg.Domains[0]
+	w := &world{sc: sc, sys: sys, dom: d, lim: d.Limit(sc.Limit), keys: keys, now: T0, end: T0.Add(sc.Duration),
+		net: rand.New(rand.NewPCG(sc.Seed, 2)), ctx: context.Background(), cut: map[string]bool{}}
+	w.m = newMetrics(sc, w.lim, d, keys, sys == ideal)
+	var err error
+	switch sys {
+	case ideal:
+		err = w.buildIdeal()
+	case Naive:
+		err = w.buildNaive()
+	default:
+		err = w.buildAllot(cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var engines []*regional.Engine
+	for _, r := range w.region {
+		for _, in := range r.inst {
+			if !slices.Contains(engines, in.e) {
+				engines = append(engines, in.e)
 			}
 		}
 	}
-	if coordinated {
-		if err := w.start(); err != nil {
-			return nil, err
+	w.every(T0.Add(sweepEvery), sweepEvery, func() {
+		for _, e := range engines {
+			e.Sweep(w.now)
 		}
-		w.every(T0.Add(sc.Tick), sc.Tick, func() {
-			if w.coord != nil {
-				w.ready(w.coord.Tick(w.now))
-			}
-		})
-		for i, r := range w.region {
-			phase := sc.ReportEvery * time.Duration(i+1) / time.Duration(len(w.region)+1)
-			w.every(T0.Add(phase), sc.ReportEvery, func() { w.report(r) })
-		}
-		for _, f := range sc.Faults {
-			w.fault(f)
-		}
-		if w.peers() {
-			for _, r := range w.region {
-				w.every(T0.Add(sc.SyncTick), sc.SyncTick, func() { w.syncTick(r) })
-			}
-		}
+	})
+	if sys != ideal {
+		w.every(T0, w.sc.Tick, w.sample)
+		w.every(T0, w.sc.EnforcerTick, w.enforcerTick)
 	}
-	w.every(T0, sc.Tick, w.sample)
-	for i := range sc.Traffic {
-		w.traffic(&sc.Traffic[i])
-	}
+	w.traffic()
 	for w.q.Len() > 0 {
 		e := heap.Pop(&w.q).(event)
 		if e.at.After(w.end) {
@@ -210,7 +216,182 @@ func run(sc *Scenario, cfg *allot.Config, sys string) (*metrics, error) {
 		w.now = e.at
 		e.fn()
 	}
+	w.m.finish()
 	return w.m, nil
+}
+
+// buildIdeal makes every region's requests go to one engine that holds
+// the whole limit, on true time, without a coordinator.
+func (w *world) buildIdeal() error {
+	cfg, err := localConfig(w.sc, false)
+	if err != nil {
+		return err
+	}
+	one := &instance{e: regional.New(cfg, regional.Options{})}
+	for i, name := range w.dom.Regions {
+		w.region = append(w.region, &region{name: name, idx: i, inst: []*instance{one}, div: 1})
+	}
+	return nil
+}
+
+// buildNaive gives every instance an engine enforcing global ÷ instances.
+func (w *world) buildNaive() error {
+	cfg, err := localConfig(w.sc, false)
+	if err != nil {
+		return err
+	}
+	total := 0
+	for _, r := range w.sc.Regions {
+		total += r.Instances
+	}
+	for i, name := range w.dom.Regions {
+		sr := w.sc.region(name)
+		r := &region{name: name, idx: i, link: *sr.Link, div: float64(sr.Instances)}
+		for j := range sr.Instances {
+			e := regional.New(cfg, regional.Options{})
+			for _, l := range w.dom.Limits {
+				if err := e.SetShare(w.now, w.dom.Name, l.Name, 1/float64(total)); err != nil {
+					return err
+				}
+			}
+			r.inst = append(r.inst, w.newInstance(r, j, e, nil))
+		}
+		w.region = append(w.region, r)
+	}
+	for _, f := range w.sc.Faults {
+		if f.Kind == "clock_skew" { // the naive instances have clocks too
+			w.fault(f)
+		}
+	}
+	return nil
+}
+
+// newInstance wraps engine e (and store, if any) for instance j of r.
+func (w *world) newInstance(r *region, j int, e *regional.Engine, store *simStore) *instance {
+	in := &instance{e: e}
+	if store != nil {
+		in.f = regional.NewEnforcer(e, store, regional.EnforcerOptions{Region: r.name, Instance: fmt.Sprint("i", j)})
+	}
+	if w.lim.Unit == allot.Tokens && w.sys != ChargeAfter {
+		rnd := rand.New(rand.NewPCG(w.sc.Seed, uint64(1000+r.idx*100000+j)))
+		in.rs = regional.NewReservations(e, in.f, regional.ReservationOptions{Rand: rnd})
+	}
+	return in
+}
+
+// buildAllot builds the coordinated systems: allot, no-fallback and
+// charge-after.
+func (w *world) buildAllot(cfg *allot.Config) error {
+	d := w.dom
+	if w.sys == NoFallback {
+		c, err := allot.ParseConfig(w.sc.Name, []byte(w.sc.Config))
+		if err != nil {
+			return err
+		}
+		for _, l := range c.Domains[0].Limits {
+			l.StaleAfter = 24 * time.Hour
+		}
+		cfg = c
+	}
+	for i, name := range d.Regions {
+		sr := w.sc.region(name)
+		r := &region{name: name, idx: i, link: *sr.Link, div: 1}
+		n := sr.Instances
+		if w.peers() {
+			n = 1 // a region's instances would sum their counts in a CountStore: not simulated
+		}
+		if stored(d) {
+			r.store = &simStore{w: w, r: i}
+		}
+		for j := range n {
+			e := regional.New(cfg, regional.Options{})
+			if w.peers() {
+				if err := e.SetPeers(name, slices.DeleteFunc(slices.Clone(d.Regions), func(p string) bool { return p == name })); err != nil {
+					return err
+				}
+			}
+			r.inst = append(r.inst, w.newInstance(r, j, e, r.store))
+		}
+		r.div = float64(n)
+		app, err := coordinator.NewApplier(d, name, coordinator.Snapshot{})
+		if err != nil {
+			return err
+		}
+		r.app = app
+		for _, l := range d.Limits {
+			if err := w.setShare(r, coordinator.Share{Limit: l.Name, Value: app.Share(l.Name, "")}); err != nil {
+				return err
+			}
+		}
+		w.region = append(w.region, r)
+	}
+	if err := w.start(); err != nil {
+		return err
+	}
+	w.every(T0.Add(w.sc.Tick), w.sc.Tick, func() {
+		if w.coord != nil {
+			w.ready(w.coord.Tick(w.now))
+		}
+	})
+	for i, r := range w.region {
+		phase := w.sc.ReportEvery * time.Duration(i+1) / time.Duration(len(w.region)+1)
+		w.every(T0.Add(phase), w.sc.ReportEvery, func() { w.report(r) })
+	}
+	for _, f := range w.sc.Faults {
+		w.fault(f)
+	}
+	if w.peers() {
+		for _, r := range w.region {
+			w.every(T0.Add(w.sc.SyncTick), w.sc.SyncTick, func() { w.syncTick(r) })
+		}
+	}
+	return nil
+}
+
+// setShare sets share s in every instance of r: a local limit's share
+// is divided among the instances, a leased or exact limit's is the
+// region's store bucket.
+func (w *world) setShare(r *region, s coordinator.Share) error {
+	return w.setShares(r, []coordinator.Share{s})
+}
+
+// setShares sets shares, in order, in every instance of r: one default
+// share, or key shares of one limit (in one SetKeyShares call: an
+// assignment may carry thousands of hot keys).
+func (w *world) setShares(r *region, shares []coordinator.Share) error {
+	value := func(s coordinator.Share) float64 {
+		if l := w.dom.Limit(s.Limit); s.Value > 0 && l != nil && l.Enforcement == allot.Local {
+			return s.Value / r.div
+		}
+		return s.Value
+	}
+	if len(shares) == 1 && shares[0].Key == "" {
+		for _, in := range r.inst {
+			if err := in.e.SetShare(w.clock(r), w.dom.Name, shares[0].Limit, value(shares[0])); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ks := make([]regional.KeyShare, len(shares))
+	for i, s := range shares {
+		ks[i] = regional.KeyShare{Key: s.Key, Share: value(s)}
+	}
+	for _, in := range r.inst {
+		if err := in.e.SetKeyShares(w.clock(r), w.dom.Name, shares[0].Limit, ks); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// share is region r's share of key (its instances' together).
+func (w *world) share(r *region, limit, key string) float64 {
+	v := r.inst[0].e.Share(w.dom.Name, limit, key)
+	if l := w.dom.Limit(limit); l != nil && l.Enforcement == allot.Local {
+		v *= r.div
+	}
+	return v
 }
 
 func (sc *Scenario) region(name string) *Region {
@@ -235,6 +416,9 @@ func (w *world) start() error {
 	return nil
 }
 
+// errStoreDown is what a region's store answers during a store outage.
+var errStoreDown = errors.New("sim: regional store unreachable")
+
 func (w *world) fault(f Fault) {
 	switch f.Kind {
 	case "partition":
@@ -247,14 +431,24 @@ func (w *world) fault(f Fault) {
 				panic(err) // the snapshot is the coordinator's own: a bug
 			}
 		})
+	case "store_outage":
+		s := w.byName(f.Region).store
+		w.at(T0.Add(f.At), func() { s.m.SetErr(errStoreDown) })
+		w.at(T0.Add(f.At+f.For), func() { s.m.SetErr(nil) })
+	case "clock_skew":
+		r := w.byName(f.Region)
+		w.at(T0.Add(f.At), func() { r.skew = f.Skew })
+		w.at(T0.Add(f.At+f.For), func() { r.skew = 0 })
 	}
 }
 
 // send schedules deliver over link l between regions a and b (b is ""
 // for the coordinator), unless the message is lost; it is also lost if a
-// or b is partitioned when it is sent or delivered.
+// or b is partitioned when it is sent or delivered. It is counted for
+// region a: sends name the region end of a coordinator link, and the
+// sender of a peer message, first.
 func (w *world) send(l Link, a, b string, deliver func()) {
-	w.m.messages++
+	w.m.messages[w.byName(a).idx]++
 	if w.cut[a] || w.cut[b] || w.net.Float64() < l.Loss {
 		return
 	}
@@ -330,25 +524,35 @@ func (w *world) apply(r *region, a coordinator.Assignment) {
 		w.m.refused++
 		return
 	}
-	for _, s := range shares {
-		if s.Key == "" {
-			err = r.e.SetShare(w.now, w.dom.Name, s.Limit, s.Value)
-		} else {
-			err = r.e.SetKeyShare(w.now, w.dom.Name, s.Limit, s.Key, s.Value)
+	for i := 0; i < len(shares); {
+		j := i + 1
+		for j < len(shares) && shares[i].Key != "" && shares[j].Key != "" && shares[j].Limit == shares[i].Limit {
+			j++
 		}
-		if err != nil {
-			panic(fmt.Sprintf("%s: apply %+v: %v", r.name, s, err)) // the Applier validated it
+		if err := w.setShares(r, shares[i:j]); err != nil {
+			panic(fmt.Sprintf("%s: apply %+v: %v", r.name, shares[i:j], err)) // the Applier validated them
 		}
-		w.checkShares(s)
+		for _, s := range shares[i:j] {
+			w.checkShares(s)
+		}
+		i = j
 	}
 	w.toCoord(r, ack)
 }
 
 // report sends the region's demand since its previous report, as
-// regional/coordclient does.
+// regional/coordclient does; a region of several instances sums theirs
+// (one report per region, as one coordinator client per region would).
 func (w *world) report(r *region) {
-	rep := coordinator.Report{Domain: w.dom.Name, Region: r.name, At: w.now}
-	for _, d := range r.e.Demand() {
+	rep := coordinator.Report{Domain: w.dom.Name, Region: r.name, At: w.clock(r)}
+	var all []allot.Demand
+	for _, in := range r.inst {
+		all = append(all, in.e.Demand()...)
+	}
+	if len(r.inst) > 1 {
+		all = mergeDemand(all)
+	}
+	for _, d := range all {
 		if n := len(rep.Limits); n == 0 || rep.Limits[n-1].Limit != d.Limit {
 			rep.Limits = append(rep.Limits, coordinator.LimitDemand{Limit: d.Limit})
 		}
@@ -362,6 +566,45 @@ func (w *world) report(r *region) {
 	w.toCoord(r, rep)
 }
 
+// mergeDemand sums the demands of several instances by (limit, key), in
+// the order Engine.Demand gives them: by domain, limit and key.
+func mergeDemand(ds []allot.Demand) []allot.Demand {
+	slices.SortStableFunc(ds, func(a, b allot.Demand) int {
+		if a.Limit != b.Limit {
+			return compareStrings(a.Limit, b.Limit)
+		}
+		if (a.Key == "") != (b.Key == "") {
+			if a.Key == "" {
+				return -1
+			}
+			return 1
+		}
+		return compareStrings(a.Key, b.Key)
+	})
+	out := ds[:0]
+	for _, d := range ds {
+		if n := len(out); n > 0 && out[n-1].Limit == d.Limit && out[n-1].Key == d.Key {
+			o := &out[n-1]
+			o.Admitted += d.Admitted
+			o.Rejected += d.Rejected
+			o.NearLimit = o.NearLimit || d.NearLimit
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
 func (w *world) byName(name string) *region {
 	for _, r := range w.region {
 		if r.name == name {
@@ -371,75 +614,34 @@ func (w *world) byName(name string) *region {
 	panic("sim: unknown region " + name)
 }
 
-// traffic schedules the Poisson arrivals of t.
-func (w *world) traffic(t *Traffic) {
-	r := w.byName(t.Region)
-	var zipf *rand.Zipf
-	if t.Keys > 1 {
-		zipf = rand.NewZipf(w.load, t.Zipf, 1, uint64(t.Keys-1))
-	}
-	end := T0.Add(t.Until)
-	reach := w.sc.region(t.Region).Instances
-	if t.Reach > 0 {
-		reach = min(t.Reach, reach)
-	}
-	var next func()
-	gap := func() time.Duration { return time.Duration(w.load.ExpFloat64() / t.Rate * float64(time.Second)) }
-	next = func() {
-		k := uint64(0)
-		if zipf != nil {
-			k = zipf.Uint64()
-		}
-		inst := w.load.IntN(reach) // drawn in every system, so arrivals stay the same
-		w.request(r, inst, allot.Descriptor{{Key: t.Entry, Value: fmt.Sprint("k", k)}}, t.Cost)
-		if at := w.now.Add(gap()); at.Before(end) {
-			w.at(at, next)
+// enforcerTick runs every Enforcer's and Reservations' Tick, on its
+// region's clock, as the servers do every 250 ms.
+func (w *world) enforcerTick() {
+	for _, r := range w.region {
+		for _, in := range r.inst {
+			if in.f != nil {
+				in.f.Tick(w.ctx, w.clock(r))
+			}
+			if in.rs != nil {
+				in.rs.Tick(w.ctx, w.clock(r))
+			}
 		}
 	}
-	if at := T0.Add(t.From).Add(gap()); at.Before(end) {
-		w.at(at, next)
-	}
-}
-
-// request decides a request that reached instance inst of region r.
-func (w *world) request(r *region, inst int, desc allot.Descriptor, cost int64) {
-	e := r.e
-	if r.inst != nil {
-		e = r.inst[inst]
-	}
-	if err := e.Check(w.now, w.dom.Name, desc, cost, &w.dec); err != nil {
-		panic(fmt.Sprintf("%s: check %v: %v", r.name, desc, err))
-	}
-	if err := w.ideal.Check(w.now, w.dom.Name, desc, cost, &w.idec); err != nil {
-		panic(err)
-	}
-	w.m.request(w.now, r.name, regional.KeyString(w.lim, desc), float64(cost), w.dec.Allowed, w.idec.Allowed)
 }
 
 // sample records every region's share of the watched key.
 func (w *world) sample() {
 	shares := make([]float64, len(w.region))
 	for i, r := range w.region {
-		if r.e != nil {
-			shares[i] = r.e.Share(w.dom.Name, w.lim.Name, w.hot)
-		} else {
-			shares[i] = float64(len(r.inst)) * r.inst[0].Share(w.dom.Name, w.lim.Name, w.hot)
-		}
+		shares[i] = w.share(r, w.lim.Name, w.keys.hotName)
 	}
 	w.m.sample(w.now, shares)
-}
-
-func (w *world) entry() string {
-	if len(w.sc.Traffic) > 0 {
-		return w.sc.Traffic[0].Entry
-	}
-	return "user"
 }
 
 // syncTick is a region's peer sync tick, as regional/peersync does it:
 // deltas to every peer, a heartbeat, and resync requests for lost deltas.
 func (w *world) syncTick(r *region) {
-	batches := r.e.SyncOut(w.now)
+	batches := r.e().SyncOut(w.clock(r))
 	for _, p := range w.region {
 		if p == r {
 			continue
@@ -447,12 +649,12 @@ func (w *world) syncTick(r *region) {
 		for _, b := range batches {
 			w.send(w.sc.PeerLink, r.name, p.name, func() { w.inbound(p, r, b) })
 		}
-		w.send(w.sc.PeerLink, r.name, p.name, func() { p.e.Heard(w.now, r.name) })
-		for _, b := range r.e.PendingResyncs(w.now, p.name+">"+r.name) {
+		w.send(w.sc.PeerLink, r.name, p.name, func() { p.e().Heard(w.clock(p), r.name) })
+		for _, b := range r.e().PendingResyncs(w.clock(r), p.name+">"+r.name) {
 			w.resync(r, p, b)
 		}
 	}
-	for _, a := range r.e.LoanAsks(w.now) {
+	for _, a := range r.e().LoanAsks(w.clock(r)) {
 		w.borrow(r, a)
 	}
 }
@@ -468,20 +670,20 @@ func (w *world) borrow(r *region, a regional.LoanAsk) {
 	w.m.loanAsks++
 	peer, done := w.byName(a.Peer), false
 	w.send(w.sc.PeerLink, r.name, peer.name, func() {
-		g, err := peer.e.Lend(w.now, regional.LoanRequest{From: r.name, Domain: a.Domain, Limit: a.Limit,
+		g, err := peer.e().Lend(w.clock(peer), regional.LoanRequest{From: r.name, Domain: a.Domain, Limit: a.Limit,
 			Key: a.Key, Window: a.Window, Amount: a.Amount, ID: a.ID})
 		w.send(w.sc.PeerLink, peer.name, r.name, func() {
 			if !done {
 				done = true
 				w.m.loaned += float64(g.Granted)
-				r.e.Credit(w.now, a, g, err)
+				r.e().Credit(w.clock(r), a, g, err)
 			}
 		})
 	})
 	w.after(w.sc.LendTimeout, func() {
 		if !done {
 			done = true
-			r.e.Credit(w.now, a, regional.LoanGrant{}, errLendTimeout)
+			r.e().Credit(w.clock(r), a, regional.LoanGrant{}, errLendTimeout)
 		}
 	})
 }
@@ -493,8 +695,8 @@ func (w *world) peers() bool { return w.lim.Mode == allot.Shared || w.sc.Peers }
 
 // inbound delivers batch b from peer from to region to.
 func (w *world) inbound(to, from *region, b regional.Batch) {
-	to.e.Heard(w.now, from.name)
-	resync, err := to.e.Inbound(w.now, regional.Source{Region: from.name, Stream: from.name + ">" + to.name}, b)
+	to.e().Heard(w.clock(to), from.name)
+	resync, err := to.e().Inbound(w.clock(to), regional.Source{Region: from.name, Stream: from.name + ">" + to.name}, b)
 	if err != nil {
 		panic(fmt.Sprintf("%s: inbound from %s: %v", to.name, from.name, err))
 	}
@@ -506,7 +708,7 @@ func (w *world) inbound(to, from *region, b regional.Batch) {
 // resync asks peer for the full state of b's limit, on r's behalf.
 func (w *world) resync(r, peer *region, b regional.Batch) {
 	w.send(w.sc.PeerLink, r.name, peer.name, func() {
-		full, err := peer.e.FullState(b.Domain, b.Limit)
+		full, err := peer.e().FullState(b.Domain, b.Limit)
 		if err != nil {
 			panic(err)
 		}
@@ -520,11 +722,11 @@ func (w *world) resync(r, peer *region, b regional.Batch) {
 func (w *world) checkShares(s coordinator.Share) {
 	key := s.Key
 	if key == "" {
-		key = w.hot // the default vector, as the watched key sees it
+		key = w.keys.hotName // the default vector, as the watched key sees it
 	}
 	sum := 0.0
 	for _, r := range w.region {
-		sum += r.e.Share(w.dom.Name, s.Limit, key)
+		sum += w.share(r, s.Limit, key)
 	}
 	w.m.shareSum = max(w.m.shareSum, sum)
 }

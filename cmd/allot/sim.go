@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -14,16 +15,22 @@ import (
 	"github.com/allot-dev/allot/sim/report"
 )
 
-// runSim: allot sim [run] FILE --out DIR [--seed N]. It writes
-// DIR/report.md and DIR/summary.json and fails when an assertion fails.
+// runSim: allot sim [run] FILE --out DIR [--seed N] [--short]. It writes
+// DIR/report.md, DIR/summary.json and the plots, and fails when an
+// assertion fails.
 func runSim(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("allot sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("out", "", "directory for report.md and summary.json (default: print the report)")
 	seed := fs.Uint64("seed", 0, "seed instead of the scenario's")
+	short := fs.Bool("short", false, "run the scenario's short form (what go test runs)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot sim [run] SCENARIO.yaml [--out DIR] [--seed N]")
+		fmt.Fprintln(stderr, "usage: allot sim [run] SCENARIO.yaml [--out DIR] [--seed N] [--short]")
+		fmt.Fprintln(stderr, "       allot sim table DIR/summary.json ...   (the figures of several runs as one markdown table)")
 		fs.PrintDefaults()
+	}
+	if len(args) > 0 && args[0] == "table" {
+		return simTable(args[1:], stdout)
 	}
 	if len(args) > 0 && args[0] == "run" {
 		args = args[1:]
@@ -47,6 +54,9 @@ func runSim(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *seed != 0 {
 		sc.Seed = *seed
+	}
+	if *short {
+		sc.Shorten()
 	}
 	res, err := sim.Run(sc, cfg)
 	if err != nil {
@@ -76,7 +86,15 @@ func runSim(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if failed := res.Failed(); len(failed) > 0 {
 		var msgs []string
 		for _, c := range failed {
-			msgs = append(msgs, fmt.Sprintf("%s %s %g: got %.3f", c.System, c.Assert.Check, c.Value, c.Got))
+			who := c.System
+			if c.Region != "" {
+				who += " (" + c.Region + ")"
+			}
+			msg := fmt.Sprintf("%s %s %g: got %.3f", who, c.Assert.Check, c.Value, c.Got)
+			if c.Known != "" {
+				msg += " (a known failure that now passes: remove its marker)"
+			}
+			msgs = append(msgs, msg)
 		}
 		return fmt.Errorf("sim %s: assertions failed: %s", sc.Name, strings.Join(msgs, "; "))
 	}
@@ -93,4 +111,31 @@ func writeFiles(dir string, files map[string][]byte) error {
 		}
 	}
 	return nil
+}
+
+// simTable prints the figures of several summary.json files as one
+// markdown table: a row per scenario and system.
+func simTable(files []string, stdout io.Writer) error {
+	if len(files) == 0 {
+		return fmt.Errorf("sim table: want summary.json files")
+	}
+	var b strings.Builder
+	b.WriteString("| scenario | system | overshoot max % | windows above L | false rejects % | utilisation % | convergence (s) | messages/s | store calls/request |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		var res sim.Result
+		if err := json.Unmarshal(data, &res); err != nil {
+			return fmt.Errorf("sim table: %s: %w", file, err)
+		}
+		for _, f := range res.Systems {
+			fmt.Fprintf(&b, "| %s | %s | %.2f | %d | %.2f | %.2f | %s | %.1f | %.4f |\n", res.Scenario, f.System, f.OvershootMaxPct,
+				f.OvershootWindows, f.FalseRejectPct, f.UtilizationPct, sim.Seconds(f.ConvergenceS), f.MessagesPerS, f.StoreCallsPerRequest)
+		}
+	}
+	_, err := io.WriteString(stdout, b.String())
+	return err
 }
