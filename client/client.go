@@ -83,6 +83,7 @@ type Client struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closed    atomic.Bool
+	lastSent  time.Time // the last Lease round; used by the sync loop only
 	stats     stats
 }
 

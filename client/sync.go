@@ -84,8 +84,13 @@ func (c *Client) syncOnce(leaving bool) error {
 			c.keys.remove(b)
 		}
 	}
-	// A round is sent even with nothing in it: the enforcer counts the
-	// gateways it hears from, and fallback capacity divides by that.
+	// A round with nothing in it is still sent every half TTL: the
+	// enforcer counts the gateways it heard within a TTL, and fallback
+	// capacity divides by that.
+	if len(items) == 0 && !leaving && now.Sub(c.lastSent) < ttl/2 {
+		return nil
+	}
+	c.lastSent = now
 	var errs []error
 	for start := 0; ; start += maxBatch {
 		end := min(start+maxBatch, len(items))

@@ -60,7 +60,7 @@ func Run(sc *Scenario, cfg *allot.Config) (*Result, error) {
 	res := &Result{Scenario: sc.Name, Seed: sc.Seed, Limit: l.Name, L: float64(l.Rate.Amount),
 		WindowS: l.Rate.Period.Seconds(), PeriodS: period.Seconds(), Regions: d.Regions, Watch: sc.Watch}
 	keys := newKeySpace(sc, l)
-	names := append([]string{ideal}, systems(l)...)
+	names := append([]string{ideal}, systems(sc, l)...)
 	ms := make([]*metrics, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup

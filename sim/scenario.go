@@ -64,6 +64,15 @@ type Scenario struct {
 	// EnforcerTick is how often a regional.Enforcer's Tick (membership,
 	// expired leases) and regional.Reservations' Tick run (default 250 ms).
 	EnforcerTick time.Duration `yaml:"enforcer_tick"`
+	// GatewayLeases adds the system "gateways": each region runs one
+	// enforcer (engine) and its instances are gateways that decide from
+	// leases, as the Go SDK does (regional.GatewayWant, GatewayGrant,
+	// GatewayRenew), with one lease round per GatewaySync (default
+	// 250 ms). Its store_calls count the gateways' calls to the enforcer:
+	// lease rounds that carry anything, and checks of requests no lease
+	// covered.
+	GatewayLeases bool          `yaml:"gateway_leases"`
+	GatewaySync   time.Duration `yaml:"gateway_sync"`
 	// Short is the scenario's reduced form, which `go test` runs.
 	Short   *Short    `yaml:"short"`
 	Regions []Region  `yaml:"regions"`
@@ -258,6 +267,7 @@ func Parse(name string, data []byte) (*Scenario, *allot.Config, error) {
 	s.SyncTick = cmp.Or(s.SyncTick, 25*time.Millisecond)
 	s.LendTimeout = cmp.Or(s.LendTimeout, time.Second)
 	s.EnforcerTick = cmp.Or(s.EnforcerTick, 250*time.Millisecond)
+	s.GatewaySync = cmp.Or(s.GatewaySync, 250*time.Millisecond)
 	s.PeerLink = cmp.Or(s.PeerLink, s.Link)
 	if s.ArrivalTick < 0 {
 		return nil, nil, bad("arrival_tick", "want 0 or a positive duration")
@@ -345,8 +355,8 @@ func Parse(name string, data []byte) (*Scenario, *allot.Config, error) {
 		if a.System == "" {
 			a.System = Allot
 		}
-		if !slices.Contains(systems(l), a.System) {
-			return nil, nil, bad(fmt.Sprintf("assert[%d].system", i), "want one of %v", systems(l))
+		if !slices.Contains(systems(&s, l), a.System) {
+			return nil, nil, bad(fmt.Sprintf("assert[%d].system", i), "want one of %v", systems(&s, l))
 		}
 		if a.Region != "" && !slices.Contains(d.Regions, a.Region) {
 			return nil, nil, bad(fmt.Sprintf("assert[%d].region", i), "unknown region %q", a.Region)

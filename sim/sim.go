@@ -37,9 +37,13 @@ const ideal = "ideal"
 
 // systems lists the systems Run simulates for a limit, in report order:
 // allot and the naive even split; for a shared-mode limit allot without
-// fallback; for a limit of tokens, charging after the response.
-func systems(l *allot.Limit) []string {
+// fallback; for a limit of tokens, charging after the response; with
+// GatewayLeases, gateways deciding from leases.
+func systems(sc *Scenario, l *allot.Limit) []string {
 	s := []string{Allot, Naive}
+	if sc.GatewayLeases {
+		s = append(s, Gateways)
+	}
 	if l.Mode == allot.Shared {
 		s = append(s, NoFallback)
 	}
@@ -122,6 +126,7 @@ type region struct {
 	div   float64   // a local limit's share is ÷ div in each instance
 	store *simStore // nil without leased or exact limits
 	app   *coordinator.Applier
+	gw    []*gateway // the gateways system's gateways (gateway.go)
 }
 
 // instance is one enforcer instance: an engine, the Enforcer over it
@@ -283,6 +288,15 @@ func (w *world) newInstance(r *region, j int, e *regional.Engine, store *simStor
 // charge-after.
 func (w *world) buildAllot(cfg *allot.Config) error {
 	d := w.dom
+	if w.sys == Gateways {
+		// One enforcer per region decides in memory; its gateways lease
+		// from it.
+		c, err := localConfig(w.sc, false)
+		if err != nil {
+			return err
+		}
+		cfg = c
+	}
 	if w.sys == NoFallback {
 		c, err := allot.ParseConfig(w.sc.Name, []byte(w.sc.Config))
 		if err != nil {
@@ -297,10 +311,13 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 		sr := w.sc.region(name)
 		r := &region{name: name, idx: i, link: *sr.Link, div: 1}
 		n := sr.Instances
+		if w.sys == Gateways {
+			n = 1 // one enforcer; the instances are gateways (gateway.go)
+		}
 		if w.peers() {
 			n = 1 // a region's instances would sum their counts in a CountStore: not simulated
 		}
-		if stored(d) {
+		if stored(d) && w.sys != Gateways {
 			r.store = &simStore{w: w, r: i}
 		}
 		for j := range n {
@@ -324,6 +341,9 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 			}
 		}
 		w.region = append(w.region, r)
+	}
+	if w.sys == Gateways {
+		w.buildGateways()
 	}
 	if err := w.start(); err != nil {
 		return err

@@ -215,8 +215,12 @@ func (w *world) tickArrivals(s *stream) {
 }
 
 // instance maps an instance drawn among the region's configured ones to
-// the instance that decides: the region's only one when it runs one.
+// the instance that decides: the region's only one when it runs one, the
+// gateway itself in the gateways system.
 func (r *region) instance(i int) int {
+	if r.gw != nil {
+		return i // the gateway
+	}
 	if len(r.inst) == 1 {
 		return 0
 	}
@@ -226,6 +230,13 @@ func (r *region) instance(i int) int {
 // arrive decides n arrivals of the same key at the same instance, now.
 func (w *world) arrive(s *stream, a arrival, n int) {
 	r := s.r
+	if r.gw != nil && s.t.LLM == nil {
+		id := w.keys.id(s.entry, a.key)
+		s.desc[0].Value = w.keys.values[id]
+		ok := w.gatewayDecide(r, r.gw[a.inst], id, s.desc, s.t.Cost, n)
+		w.m.add(w.now, r.idx, id, n, float64(s.t.Cost*int64(ok)), float64(s.t.Cost*int64(n-ok)))
+		return
+	}
 	in := r.inst[r.instance(a.inst)]
 	id := w.keys.id(s.entry, a.key)
 	if s.t.LLM != nil {
