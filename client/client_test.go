@@ -77,7 +77,7 @@ func (e *enforcer) remaining(t *testing.T, d allot.Descriptor) int64 {
 
 func newClient(t *testing.T, addrs ...string) *client.Client {
 	t.Helper()
-	c, err := client.New(client.Config{Addrs: addrs, SyncInterval: 50 * time.Millisecond, Timeout: time.Second})
+	c, err := client.New(client.Config{Addrs: addrs, SyncInterval: 50 * time.Millisecond, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

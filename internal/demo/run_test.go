@@ -111,12 +111,20 @@ func TestRunPlaysAStory(t *testing.T) {
 	}
 	var admitted, rejected, tokens float64
 	var cut bool
+	// us-east's figure of a row; a sample taken before the row's first
+	// answer has none.
+	first := func(m map[string][]float64, row string) float64 {
+		if v := m[row]; len(v) > 0 {
+			return v[0]
+		}
+		return 0
+	}
 	for _, s := range snap.Samples {
-		admitted += s.Admitted["api/per-user{user=42}"][0]
-		rejected += s.Rejected["api/per-user{user=42}"][0]
-		tokens += s.Admitted["llm/per-tenant-tokens"][0]
+		admitted += first(s.Admitted, "api/per-user{user=42}")
+		rejected += first(s.Rejected, "api/per-user{user=42}")
+		tokens += first(s.Admitted, "llm/per-tenant-tokens")
 		cut = cut || slices.Contains(s.Cut, "eu-west")
-		if sh := s.Shares["api/per-user"]; sh[0] == nil || *sh[0] != 1 {
+		if sh := s.Shares["api/per-user"]; len(sh) > 0 && (sh[0] == nil || *sh[0] != 1) {
 			t.Errorf("t=%v: us-east's share of per-user %v, want 1 (a region alone holds whole limits)", s.T, sh)
 		}
 	}

@@ -149,7 +149,9 @@ func (t *traffic) reserve(ctx context.Context, region string, f Flow, desc *allo
 	}
 	go func() {
 		defer t.release()
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		// Not cancelled with the demo: a Reserve the enforcer completed
+		// after the demo stopped waiting would stay held until its TTL.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
 		resp, err := t.clients[region].Reserve(cctx, &allotv1.ReserveRequest{Domain: f.Domain, Descriptors: []*allotv1.Descriptor{desc},
 			PromptTokens: llm.PromptTokens, MaxTokens: llm.MaxTokens, Model: llm.Model})
 		cancel()
