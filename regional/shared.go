@@ -118,8 +118,9 @@ func (t *table) sharedWork(w *work, base params, share float64, now int64) (*lim
 }
 
 // inject puts the latest known others' counts in the slot of a shared
-// work (at index i of sh, created says just now), none while stale, and
-// marks the key for collection. The caller holds sh.mu.
+// work (at index i of sh, created says just now): the region's other
+// instances' always, the peers' only while none is stale. It marks the
+// key for collection. The caller holds sh.mu.
 func (t *table) inject(sh *shard, i int, w *work, ss *limitSync, items []Item, now int64, created, stale bool) {
 	side := &ss.ps.side[shardOf(w.key)]
 	sk := side.shared[w.key]
@@ -141,13 +142,15 @@ func (t *table) inject(sh *shard, i int, w *work, ss *limitSync, items []Item, n
 		sk.inj = pair{w: win}
 	}
 	sk.inj.roll(win)
-	var cur, prev float64
+	// The region's other instances count in fallback too: the split
+	// share is the region's, not each instance's. Only the peers' slots
+	// are left out while one is stale.
+	cur, prev := sk.sibs.at(win)
 	if stale {
 		ss.fallbackDec.Add(1)
 	} else {
 		pc, pp := sk.peers.at(win)
-		sc, sp := sk.sibs.at(win)
-		cur, prev = pc+sc, pp+sp
+		cur, prev = cur+pc, prev+pp
 		sk.limit = w.p.amount
 	}
 	s.a += cur - sk.inj.cur

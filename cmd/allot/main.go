@@ -42,6 +42,8 @@ commands:
   validate   check a limits file; every error names the file, line and field
   bench      put a load of checks on a server and print throughput and latency
   sim        run a simulation scenario (sim/scenarios) and write its report
+  cluster    a local cluster of real processes: allot cluster up|down|status
+  etcd       serve allot's embedded etcd as a process of its own
 
 Run "allot COMMAND -h" for a command's flags.
 `
@@ -68,6 +70,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runValidate(args[1:], stdout, stderr)
 	case "sim":
 		return runSim(ctx, args[1:], stdout, stderr)
+	case "cluster":
+		return runCluster(ctx, args[1:], stdout, stderr)
+	case "etcd":
+		return runEtcd(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -58,6 +58,7 @@ func startPeers(spec regionSpec, engine *regional.Engine, n *regionNode, reg pro
 		return err
 	}
 	s.Register(n.gs)
+	n.stopPeers = s.Shutdown
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); s.Close(); closeCounts(); close(done) }()

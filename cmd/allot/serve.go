@@ -183,6 +183,9 @@ type regionNode struct {
 	stopLink  context.CancelFunc
 	linkDone  chan struct{}
 	stopRS    func() // gives leases back and closes the regional store
+	// stopPeers ends the peers' streams this node serves, which would
+	// hold a graceful stop until its timeout (set by startPeers).
+	stopPeers func()
 }
 
 // startRegion serves one region: it listens, applies the persisted or
@@ -207,7 +210,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
 	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)
 
-	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS}
+	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS, stopPeers: func() {}}
 	close(n.linkDone)
 	// apply gives the region a new configuration; a coordinated region
 	// also rebuilds its assignment state (set below).
@@ -300,6 +303,7 @@ func (n *regionNode) stop() error {
 	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan struct{})
+	n.stopPeers()
 	go func() { n.gs.GracefulStop(); close(done) }()
 	err := n.hs.Shutdown(shut)
 	select {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -85,6 +86,8 @@ type Syncer struct {
 	out     map[string]*outbound // by peer region
 	lends   chan struct{}        // semaphore of Lend calls
 	streams atomic.Uint64
+	quit    chan struct{} // closed by Shutdown: served streams end
+	quitted sync.Once
 
 	mu       sync.Mutex
 	received []regional.Batch // peers' batches since the last merge (with Counts)
@@ -130,7 +133,7 @@ func New(opts Options) (*Syncer, error) {
 		return nil, fmt.Errorf("peersync: %w", err)
 	}
 	s := &Syncer{opts: opts, engine: opts.Engine, log: opts.Logger.With("region", opts.Region),
-		out: map[string]*outbound{}, lends: make(chan struct{}, maxLends)}
+		out: map[string]*outbound{}, lends: make(chan struct{}, maxLends), quit: make(chan struct{})}
 	s.metrics = newMetrics(s, opts.Registry)
 	// A peer back from a partition is redialled within maxBackoff, not
 	// gRPC's default of up to two minutes.
@@ -170,6 +173,12 @@ func shortestSync(e *regional.Engine) time.Duration {
 
 // Register serves allot.v1.Peer on gs.
 func (s *Syncer) Register(gs grpc.ServiceRegistrar) { allotv1.RegisterPeerServer(gs, s) }
+
+// Shutdown ends the peers' Sync streams this Syncer serves, now and from
+// now on (they redial, elsewhere or later), so that a graceful stop of
+// its gRPC server does not wait for them: call it before GracefulStop.
+// Idempotent.
+func (s *Syncer) Shutdown() { s.quitted.Do(func() { close(s.quit) }) }
 
 // Close closes the connections to the peers. Call it after Run returned.
 func (s *Syncer) Close() {
@@ -421,6 +430,8 @@ func (s *Syncer) Sync(st allotv1.Peer_SyncServer) error {
 			}
 			return err
 		case m = <-replies:
+		case <-s.quit:
+			return status.Error(codes.Unavailable, "peersync: shutting down")
 		case <-t.C:
 			now := s.opts.Now()
 			m = &allotv1.SyncMessage{SentUnixNano: now.UnixNano()}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/allot-dev/allot/deploy/local"
+)
+
+// allot cluster up starts 12 processes in the background; status sees
+// them, leaders included; the cluster answers checks; down stops them
+// all, and status then says so.
+func TestClusterUpStatusDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs a cluster of 12 processes")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
+	}
+	bin := buildAllot(t)
+	dir := filepath.Join(t.TempDir(), "cluster")
+	allot := func(args ...string) (string, error) {
+		cmd := exec.Command(bin, args...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	t.Cleanup(func() {
+		// Whatever happened, nothing outlives the test.
+		allot("cluster", "down", "--dir", dir, "--grace", "2s")
+		if c, err := local.Load(dir); err == nil {
+			for _, p := range c.Procs {
+				if c.Running(p) {
+					syscall.Kill(p.Pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	out, err := allot("cluster", "up", "--dir", dir, "--base-port", "0", "--timeout", "60s")
+	if err != nil {
+		t.Fatalf("cluster up: %v\n%s", err, out)
+	}
+	for _, s := range []string{"12 processes up", "us-east-1", "ap-south-2", "redis-eu-west", "coordinator-2", "leaders: api: coordinator-"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("cluster up printed no %q:\n%s", s, out)
+		}
+	}
+	if out, err := allot("cluster", "up", "--dir", dir, "--base-port", "0"); err == nil || !strings.Contains(out, "runs in") {
+		t.Errorf("a second cluster up in the same folder: %v\n%s", err, out)
+	}
+	out, err = allot("cluster", "status", "--dir", dir)
+	if err != nil || strings.Count(out, "running") != 12 {
+		t.Fatalf("cluster status: %v\n%s", err, out)
+	}
+
+	var st struct {
+		Procs []local.Proc `json:"procs"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, local.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	var http string
+	for _, p := range st.Procs {
+		if p.Name == "eu-west-2" {
+			http = p.HTTP
+		}
+	}
+	if code := check(t, http, "cluster"); code != 200 {
+		t.Fatalf("a check on eu-west-2: %d", code)
+	}
+
+	out, err = allot("cluster", "down", "--dir", dir)
+	if err != nil || strings.Count(out, "(SIGTERM)") != 12 {
+		t.Fatalf("cluster down: %v; want every process stopped by SIGTERM:\n%s", err, out)
+	}
+	out, err = allot("cluster", "status", "--dir", dir)
+	if err == nil || strings.Count(out, "stopped") != 12 {
+		t.Fatalf("cluster status after down: %v\n%s", err, out)
+	}
+	for _, p := range st.Procs {
+		if err := syscall.Kill(p.Pid, 0); err == nil {
+			if b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.Pid), "stat")); !bytes.Contains(b, []byte(") Z ")) {
+				t.Errorf("%s (pid %d) still runs after down", p.Name, p.Pid)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "logs", "coordinator-1.log")); err != nil {
+		t.Errorf("logs: %v", err)
+	}
+}
+
+func TestClusterErrors(t *testing.T) {
+	var out, errb bytes.Buffer
+	empty := t.TempDir()
+	for _, args := range [][]string{
+		{"cluster"},
+		{"cluster", "sideways"},
+		{"cluster", "up", "extra"},
+		{"cluster", "up", "--regions", "a,a", "--dir", empty},
+		{"cluster", "down", "--dir", empty},
+		{"cluster", "status", "--dir", empty},
+		{"etcd", "extra"},
+		{"etcd", "--client-addr", "192.0.2.1:2379", "--data-dir", filepath.Join(empty, "etcd")},
+	} {
+		if err := run(t.Context(), args, &out, &errb); err == nil {
+			t.Errorf("run(%q): no error", args)
+		}
+	}
+}
