@@ -7,6 +7,7 @@ import (
 
 	"github.com/allot-dev/allot"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/allot-dev/allot/regional"
 )
 
 type bucketState uint8
@@ -17,15 +18,6 @@ const (
 	stateCheckEach                    // an exact limit matches: every request goes to Check
 	stateUnlimited                    // no limit matches: every request passes
 )
-
-// grant is one lease: tokens charged by the enforcer at grantedAt (its
-// clock), to be spent before expires (this process's clock, measured from
-// when the call was sent, so never later than the enforcer's TTL).
-type grant struct {
-	tokens    int64
-	grantedAt int64
-	expires   time.Time
-}
 
 // bucket is one request shape (domain and descriptors) of this gateway.
 // It holds at most two grants: requests spend the older first, and the
@@ -42,13 +34,13 @@ type bucket struct {
 
 	mu          sync.Mutex
 	state       bucketState
-	old, cur    grant
-	left        int64     // what the enforcer had left after the last grant
-	spent       int64     // spent from grants since the last report
-	asked       int64     // hits sent to Check since the last sync
-	maxHits     int64     // the largest request seen since the last sync
-	rate        float64   // hits per second: average over sync intervals
-	lastSync    time.Time // when rate was last updated
+	hold        regional.LeaseHold // the grants (regional/gatewaylease.go)
+	left        int64              // what the enforcer had left after the last grant
+	spent       int64              // spent from grants since the last report
+	asked       int64              // hits sent to Check since the last sync
+	maxHits     int64              // the largest request seen since the last sync
+	rate        float64            // hits per second: average over sync intervals
+	lastSync    time.Time          // when rate was last updated
 	lastUse     time.Time
 	probed      time.Time // last Lease answer
 	needLease   bool      // a request found no lease: take one now
@@ -87,15 +79,12 @@ func (b *bucket) is(domain string, ds []allot.Descriptor) bool {
 
 // take spends hits from the grants, older first; the caller holds b.mu.
 func (b *bucket) take(hits int64) bool {
-	if b.state != stateLeased || b.old.tokens+b.cur.tokens < hits {
+	if b.state != stateLeased || !b.hold.Take(hits) {
 		return false
 	}
-	from := min(hits, b.old.tokens)
-	b.old.tokens -= from
-	b.cur.tokens -= hits - from
 	b.spent += hits
 	return true
 }
 
 // tokens is what the grants hold; the caller holds b.mu.
-func (b *bucket) tokens() int64 { return b.old.tokens + b.cur.tokens }
+func (b *bucket) tokens() int64 { return b.hold.Held() }

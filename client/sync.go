@@ -127,16 +127,10 @@ func (c *Client) plan(b *bucket, now time.Time, ttl, interval time.Duration, lea
 	// Grants that end before the next round (or now, when leaving or
 	// idle) go back.
 	edge := now.Add(interval + interval/2) // grants ending before it go back now
-	for _, g := range [...]*grant{&b.old, &b.cur} {
-		if g.tokens > 0 && (forget || !edge.Before(g.expires)) {
-			it := item()
-			it.Returned, it.ReturnedGrantedAtUnixNano = g.tokens, g.grantedAt
-			items = append(items, it)
-			*g = grant{}
-		}
-	}
-	if b.old.tokens == 0 {
-		b.old, b.cur = b.cur, grant{}
+	for _, g := range b.hold.Ending(edge, forget, nil) {
+		it := item()
+		it.Returned, it.ReturnedGrantedAtUnixNano = g.Tokens, g.GrantedAt
+		items = append(items, it)
 	}
 	if used > 0 {
 		if len(items) > 0 {
@@ -164,13 +158,12 @@ func (c *Client) plan(b *bucket, now time.Time, ttl, interval time.Duration, lea
 	// nothing (regional.GatewayWant, GatewayRenew).
 	need := regional.GatewayWant(b.rate, interval, b.maxHits)
 	b.maxHits = 0
-	if b.needLease || regional.GatewayRenew(b.tokens(), b.rate, interval) {
-		if b.cur.tokens > 0 && b.old.tokens > 0 {
+	if b.needLease || regional.GatewayRenew(b.hold.Held(), b.rate, interval) {
+		if g, ok := b.hold.MakeRoom(); ok {
 			// Room for one more grant only: the older goes back now.
 			it := item()
-			it.Returned, it.ReturnedGrantedAtUnixNano = b.old.tokens, b.old.grantedAt
+			it.Returned, it.ReturnedGrantedAtUnixNano = g.Tokens, g.GrantedAt
 			items = append(items, it)
-			b.old, b.cur = b.cur, grant{}
 		}
 		if now.Before(b.deniedUntil) && !b.needLease {
 			return items, false, false
@@ -257,17 +250,7 @@ func (b *bucket) apply(g *allotv1.LeaseGrant, sent time.Time, ttl time.Duration,
 	b.state = stateLeased
 	b.left = d.Remaining
 	if n := g.GetGranted(); n > 0 {
-		ng := grant{tokens: n, grantedAt: g.GetGrantedAtUnixNano(), expires: sent.Add(ttl)}
-		if b.old.tokens == 0 {
-			b.old, b.cur = b.cur, grant{}
-		}
-		// Two grants at most: were both held, the newer is stranded
-		// (its tokens stay charged), never spent twice.
-		if b.old.tokens == 0 {
-			b.old = ng
-		} else {
-			b.cur = ng
-		}
+		b.hold.Add(regional.LeaseGrant{Tokens: n, GrantedAt: g.GetGrantedAtUnixNano(), Expires: sent.Add(ttl)})
 	}
 	if g.GetGranted() == 0 {
 		if ra := g.GetRetryAfter().AsDuration(); ra > 0 {

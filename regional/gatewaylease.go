@@ -34,3 +34,79 @@ func GatewayWant(rate float64, interval time.Duration, maxHits int64) int64 {
 func GatewayRenew(held int64, rate float64, interval time.Duration) bool {
 	return rate > 0 && float64(held) < rate*1.5*interval.Seconds()
 }
+
+// LeaseGrant is one grant a gateway holds: Tokens charged by the enforcer
+// at GrantedAt (its clock, unix ns; echoed when they are returned), to be
+// spent before Expires (the gateway's clock).
+type LeaseGrant struct {
+	Tokens    int64
+	GrantedAt int64
+	Expires   time.Time
+}
+
+// LeaseHold is what a gateway holds for one key: at most two grants,
+// spent older first, so that the next grant can be asked for while the
+// current one still covers the requests that arrive meanwhile. The zero
+// value holds nothing. Not safe for concurrent use; the caller
+// serialises.
+type LeaseHold struct {
+	Old, Cur LeaseGrant
+}
+
+// Take spends n from the grants, older first, if they hold that much.
+func (h *LeaseHold) Take(n int64) bool {
+	if h.Old.Tokens+h.Cur.Tokens < n {
+		return false
+	}
+	from := min(n, h.Old.Tokens)
+	h.Old.Tokens -= from
+	h.Cur.Tokens -= n - from
+	return true
+}
+
+// Held is what the grants hold.
+func (h *LeaseHold) Held() int64 { return h.Old.Tokens + h.Cur.Tokens }
+
+// Ending removes the grants with tokens that expire before edge (every
+// one, with all) and appends them to dst, to be returned.
+func (h *LeaseHold) Ending(edge time.Time, all bool, dst []LeaseGrant) []LeaseGrant {
+	for _, g := range [...]*LeaseGrant{&h.Old, &h.Cur} {
+		if g.Tokens > 0 && (all || !edge.Before(g.Expires)) {
+			dst = append(dst, *g)
+			*g = LeaseGrant{}
+		}
+	}
+	h.shift()
+	return dst
+}
+
+// MakeRoom removes the older grant when both hold tokens, so that a new
+// one fits, and reports it (to be returned).
+func (h *LeaseHold) MakeRoom() (LeaseGrant, bool) {
+	if h.Old.Tokens == 0 || h.Cur.Tokens == 0 {
+		return LeaseGrant{}, false
+	}
+	g := h.Old
+	h.Old, h.Cur = h.Cur, LeaseGrant{}
+	return g, true
+}
+
+// Add takes a new grant. Were both grants still holding tokens (spent
+// slower than asked), the new one is dropped: its tokens stay charged,
+// never spent twice.
+func (h *LeaseHold) Add(g LeaseGrant) {
+	h.shift()
+	switch {
+	case h.Old.Tokens == 0:
+		h.Old = g
+	case h.Cur.Tokens == 0:
+		h.Cur = g
+	}
+}
+
+// shift keeps the older grant in Old.
+func (h *LeaseHold) shift() {
+	if h.Old.Tokens == 0 {
+		h.Old, h.Cur = h.Cur, LeaseGrant{}
+	}
+}

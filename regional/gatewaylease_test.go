@@ -32,3 +32,32 @@ func TestGatewayLeaseSizing(t *testing.T) {
 		t.Error("GatewayRenew: renew when less than 1.5 intervals of the rate is held, never at rate 0")
 	}
 }
+
+func TestLeaseHold(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	var h LeaseHold
+	if h.Take(1) || !h.Take(0) {
+		t.Fatal("an empty hold spends nothing but zero")
+	}
+	h.Add(LeaseGrant{Tokens: 5, GrantedAt: 1, Expires: t0.Add(time.Second)})
+	h.Add(LeaseGrant{Tokens: 10, GrantedAt: 2, Expires: t0.Add(2 * time.Second)})
+	if !h.Take(7) || h.Old.Tokens != 0 || h.Cur.Tokens != 8 {
+		t.Fatalf("older spent first: %+v", h)
+	}
+	h.Add(LeaseGrant{Tokens: 3, GrantedAt: 3, Expires: t0.Add(3 * time.Second)})
+	h.Add(LeaseGrant{Tokens: 99, GrantedAt: 4, Expires: t0.Add(4 * time.Second)}) // no room: dropped
+	if h.Held() != 11 {
+		t.Fatalf("held %d, want 11 (a third grant is dropped)", h.Held())
+	}
+	if g, ok := h.MakeRoom(); !ok || g.GrantedAt != 2 || h.Held() != 3 || h.Old.GrantedAt != 3 {
+		t.Fatalf("MakeRoom gave %+v, left %+v", g, h)
+	}
+	h.Add(LeaseGrant{Tokens: 4, GrantedAt: 5, Expires: t0.Add(5 * time.Second)})
+	ends := h.Ending(t0.Add(3500*time.Millisecond), false, nil)
+	if len(ends) != 1 || ends[0].GrantedAt != 3 || h.Old.GrantedAt != 5 || h.Held() != 4 {
+		t.Fatalf("ending before 3.5 s: %+v, left %+v", ends, h)
+	}
+	if ends = h.Ending(t0, true, ends[:0]); len(ends) != 1 || h.Held() != 0 {
+		t.Fatalf("all: %+v, left %+v", ends, h)
+	}
+}

@@ -11,7 +11,7 @@ import (
 // Gateways is allot with the region's instances as gateways that decide
 // from leases held from one regional enforcer, as the Go SDK (client/)
 // does: the same sizing (regional.GatewayWant, GatewayGrant,
-// GatewayRenew), two grants per key spent older first, grants returned
+// GatewayRenew) and the same two-grant hold (regional.LeaseHold), grants returned
 // 1.5 rounds before their TTL, requests no lease covers sent to the
 // enforcer's check, and a rejection remembered for at least a quarter
 // round. Calls between gateway and enforcer take no time here.
@@ -28,7 +28,7 @@ type gateway struct {
 // gwKey is one key at one gateway (client/bucket.go's bucket).
 type gwKey struct {
 	desc        allot.Descriptor
-	old, cur    gwGrant
+	hold        regional.LeaseHold // the SDK's own two-grant hold
 	spent       int64
 	asked       int64
 	maxHits     int64
@@ -37,23 +37,6 @@ type gwKey struct {
 	lastUse     time.Time
 	needLease   bool
 	deniedUntil time.Time
-}
-
-type gwGrant struct {
-	tokens    int64
-	grantedAt time.Time
-	expires   time.Time
-}
-
-func (k *gwKey) take(n int64) bool {
-	if k.old.tokens+k.cur.tokens < n {
-		return false
-	}
-	from := min(n, k.old.tokens)
-	k.old.tokens -= from
-	k.cur.tokens -= n - from
-	k.spent += n
-	return true
 }
 
 // buildGateways gives every region of the gateways system its gateways
@@ -81,7 +64,8 @@ func (w *world) gatewayDecide(r *region, g *gateway, id int, desc allot.Descript
 	k.lastUse = w.now
 	k.maxHits = max(k.maxHits, cost)
 	a := 0
-	for a < n && k.take(cost) {
+	for a < n && k.hold.Take(cost) {
+		k.spent += cost
 		a++
 	}
 	if a == n || w.now.Before(k.deniedUntil) {
@@ -131,14 +115,9 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 		k.lastSync = w.now
 		k.asked, k.spent = 0, 0
 		forget := w.now.Sub(k.lastUse) > 20*iv
-		for _, gr := range []*gwGrant{&k.old, &k.cur} {
-			if gr.tokens > 0 && (forget || !edge.Before(gr.expires)) {
-				w.gatewayReturn(r, k, gr)
-				sent = true
-			}
-		}
-		if k.old.tokens == 0 {
-			k.old, k.cur = k.cur, gwGrant{}
+		for _, gr := range k.hold.Ending(edge, forget, nil) {
+			w.gatewayReturn(r, k, gr)
+			sent = true
 		}
 		if forget {
 			delete(g.keys, id)
@@ -146,12 +125,11 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 		}
 		want := regional.GatewayWant(k.rate, iv, k.maxHits)
 		k.maxHits = 0
-		if !k.needLease && !regional.GatewayRenew(k.old.tokens+k.cur.tokens, k.rate, iv) {
+		if !k.needLease && !regional.GatewayRenew(k.hold.Held(), k.rate, iv) {
 			continue
 		}
-		if k.old.tokens > 0 && k.cur.tokens > 0 {
-			w.gatewayReturn(r, k, &k.old)
-			k.old, k.cur = k.cur, gwGrant{}
+		if gr, ok := k.hold.MakeRoom(); ok {
+			w.gatewayReturn(r, k, gr)
 		}
 		k.needLease = false
 		sent = true
@@ -181,12 +159,7 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 		if !ok {
 			continue
 		}
-		ng := gwGrant{tokens: n, grantedAt: now, expires: w.now.Add(gatewayTTL)}
-		if k.old.tokens == 0 {
-			k.old = ng
-		} else {
-			k.cur = ng
-		}
+		k.hold.Add(regional.LeaseGrant{Tokens: n, GrantedAt: now.UnixNano(), Expires: w.now.Add(gatewayTTL)})
 	}
 	if sent {
 		w.m.storeCalls[r.idx]++
@@ -196,13 +169,12 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 // gatewayReturn gives a grant's unused tokens back to the enforcer: only
 // within the window the grant was charged in for a sliding window, as
 // regional/server does.
-func (w *world) gatewayReturn(r *region, k *gwKey, gr *gwGrant) {
+func (w *world) gatewayReturn(r *region, k *gwKey, gr regional.LeaseGrant) {
 	now := w.clock(r)
 	p := int64(w.lim.Rate.Period)
-	if w.lim.Algorithm != allot.SlidingWindow || now.UnixNano()/p == gr.grantedAt.UnixNano()/p {
-		if err := r.inst[0].e.Refund(now, w.dom.Name, k.desc, gr.tokens); err != nil {
+	if w.lim.Algorithm != allot.SlidingWindow || now.UnixNano()/p == gr.GrantedAt/p {
+		if err := r.inst[0].e.Refund(now, w.dom.Name, k.desc, gr.Tokens); err != nil {
 			panic(err)
 		}
 	}
-	*gr = gwGrant{}
 }
