@@ -184,10 +184,14 @@ func (s *Server) lead(ctx context.Context, domain string, lead *etcdstore.Leader
 	}
 	d := &driver{
 		s: s, domain: domain, lead: lead, co: co,
-		inbox:   make(chan coordinator.Message, 1024),
+		inbox:   make(chan inbound, 1024),
 		reload:  make(chan struct{}),
-		streams: make(map[string]*regionStream),
+		streams: make(map[string][]*regionStream),
+		regions: make(map[string]*regionState),
 		done:    make(chan struct{}),
+	}
+	for _, l := range cfg.Domain.Limits {
+		d.limits = append(d.limits, l.Name)
 	}
 	s.mu.Lock()
 	s.leading[domain] = d
@@ -228,12 +232,10 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 		s.metrics.rejected(hello.GetDomain(), "unknown_region")
 		return status.Errorf(codes.InvalidArgument, "region %q is not a region of domain %q", hello.GetRegion(), hello.GetDomain())
 	}
-	rs := d.attach(hello.GetRegion())
+	// Each instance of a region has a stream of its own; the Hello's
+	// assignment, if any, counts as acked by this instance.
+	rs := d.attach(hello.GetRegion(), hello.GetTerm(), hello.GetVersion())
 	defer d.detach(rs)
-	if hello.GetTerm() == d.lead.Term && hello.GetVersion() > 0 {
-		// The region applied an assignment of this term: count it as acked.
-		d.post(coordinator.Ack{Domain: d.domain, Region: rs.region, Term: hello.GetTerm(), Version: hello.GetVersion()})
-	}
 	errc := make(chan error, 2)
 	go func() {
 		for {
@@ -264,7 +266,7 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 				rs.reject(err)
 				continue
 			}
-			d.post(msg)
+			d.post(rs, msg)
 		}
 	}()
 	err = <-errc

@@ -27,8 +27,8 @@ import (
 // folder (logs, decisions.jsonl, events.jsonl, report.md);
 // ALLOT_CHAOS_LOG_LEVEL=debug makes the processes' logs verbose;
 // ALLOT_CHAOS_INSTANCES sets the enforcers per region (default 2);
-// ALLOT_CHAOS_DEADLINE the requests' deadline (default 1s);
-// ALLOT_CHAOS_STRICT=1 fails on the known issue too (knownIssue).
+// ALLOT_CHAOS_DEADLINE the requests' deadline (default 1s). Every
+// violation fails the test.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster of 12 processes for a minute or more")
@@ -83,41 +83,12 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("summary (decision log %s):\n%s", res.Decisions, res.Report.Table())
-	strict := os.Getenv("ALLOT_CHAOS_STRICT") != ""
-	var failed []string
-	for _, v := range res.Report.Violations {
-		if !strict && knownIssue(res.Report, v, instances) {
-			t.Logf("KNOWN ISSUE (ALLOT_CHAOS_STRICT=1 fails on it): %s", v)
-			continue
-		}
-		failed = append(failed, v)
-	}
-	if len(failed) > 0 {
+	if len(res.Report.Violations) > 0 {
 		logTails(t, filepath.Join(dir, "cluster"))
 	}
-	for _, v := range failed {
+	for _, v := range res.Report.Violations {
 		t.Error(v)
 	}
-}
-
-// knownIssue reports whether violation v is the known one: with several
-// enforcer instances per region, the coordinator keeps one stream per
-// region (coordinator/service: attach replaces a region's stream), so
-// the instances of a region take turns on it, each one's hello counts as
-// the region's ack, and a raise is granted to a region while an instance
-// of another still applies the share it gave up; split-mode windows then
-// go above L (seen: up to 17% of L, at share movements). Tolerated up to
-// half of L, so that anything worse still fails.
-func knownIssue(r *Report, v string, instances int) bool {
-	if instances == 1 || !strings.HasPrefix(v, "split mode:") {
-		return false
-	}
-	for _, s := range r.Split {
-		if float64(s.Worst) > 0.5*float64(s.L) {
-			return false
-		}
-	}
-	return true
 }
 
 // clearRunDir empties dir of an earlier run's files; it refuses a folder
