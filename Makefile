@@ -47,8 +47,7 @@ sim:
 
 ## chaos: the chaos end-to-end test's long form over a local cluster of real
 ## processes: ALLOT_CHAOS_DURATION (default 10m) in ~60 s chaos cycles;
-## ALLOT_CHAOS_DIR keeps logs and report.md; ALLOT_CHAOS_STRICT=1 fails on the
-## known split-mode issue with several instances per region (README)
+## ALLOT_CHAOS_DIR keeps logs and report.md
 chaos:
 	ALLOT_CHAOS_DURATION=$${ALLOT_CHAOS_DURATION:-10m} $(GO) test -count=1 -run '^TestChaos$$' -v -timeout 0 ./internal/chaos/
 
