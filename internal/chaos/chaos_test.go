@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,8 +78,22 @@ func TestChaos(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), d+4*time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Options{Bin: bin, Config: "testdata/limits.yaml", Dir: dir, Duration: d, Scale: scale, Instances: instances, Deadline: deadline, LogLevel: os.Getenv("ALLOT_CHAOS_LOG_LEVEL"),
-		Progress: &testWriter{t: t}, Seed: uint64(time.Now().UnixNano())})
+	var res *Result
+	var err error
+	for attempt := 1; ; attempt++ {
+		res, err = Run(ctx, Options{Bin: bin, Config: "testdata/limits.yaml", Dir: dir, Duration: d, Scale: scale, Instances: instances, Deadline: deadline, LogLevel: os.Getenv("ALLOT_CHAOS_LOG_LEVEL"),
+			Progress: &testWriter{t: t}, Seed: uint64(time.Now().UnixNano())})
+		// The cluster's free ports are chosen before its processes
+		// listen; a test running beside this one may take one meanwhile.
+		// Nothing has run yet then: start again on other ports.
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || attempt == 3 {
+			break
+		}
+		t.Logf("attempt %d: %v; starting again on other ports", attempt, err)
+		if cerr := clearRunDir(dir); cerr != nil {
+			t.Fatal(cerr)
+		}
+	}
 	if err != nil {
 		logTails(t, filepath.Join(dir, "cluster"))
 		t.Fatal(err)
