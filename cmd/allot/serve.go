@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -40,6 +41,8 @@ type regionFlags struct {
 	region       string
 	grpcAddr     string
 	httpAddr     string
+	advertise    string // gRPC address others reach this enforcer at
+	advertiseWeb string // HTTP address others reach it at
 	maxKeys      int
 	logLevel     string
 	coordinators string
@@ -79,6 +82,8 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.redis, "redis", "", "regional Redis for leased and exact limits: ADDR, or a Cluster's seed nodes ADDR,ADDR... with --redis-cluster; without it they are enforced in memory")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "--redis names a Redis Cluster")
 	fs.DurationVar(&f.storeTimeout, "store-timeout", regional.DefaultStoreTimeout, "deadline of each regional store call on the request path; past it, a limit's on_failure decides")
+	fs.StringVar(&f.advertise, "advertise", "", "gRPC address other processes reach this enforcer at, registered in etcd for allotctl and peers (default: the gRPC listen address; set it when listening on 0.0.0.0 or behind NAT)")
+	fs.StringVar(&f.advertiseWeb, "advertise-http", "", "HTTP address registered in etcd (default: the HTTP listen address)")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", server.DefaultLeaseTTL, "how long a gateway (the Go SDK) may spend a Lease grant before its unused tokens come back; it also bounds how long a silent gateway is counted")
 	peerList := fs.String("peers", "", "the other regions and their enforcers' gRPC address, NAME=ADDR,...: shared-mode counters and loans (allot.v1.Peer)")
 	fs.Usage = func() {
@@ -123,7 +128,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	node, err := startRegion(ctx, regionSpec{
-		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, maxKeys: f.maxKeys,
+		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, advertise: f.advertise, advertiseHTTP: f.advertiseWeb, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
 		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers,
 	})
@@ -155,17 +160,20 @@ type regionSpec struct {
 	name               string
 	cfg                *allot.Config
 	grpcAddr, httpAddr string
-	maxKeys            int
-	coordinators       []string
-	store              *etcdstore.Store // nil: no persisted assignment to start from
-	follow             bool             // follow the configuration in etcd (store) and register for allotctl
-	reportEvery        time.Duration
-	log                *slog.Logger
-	redis              []string // the regional store; none: leased and exact limits in memory
-	redisCluster       bool
-	storeTimeout       time.Duration
-	leaseTTL           time.Duration
-	peers              map[string]string // other regions → gRPC address (peers.go)
+	// advertise and advertiseHTTP are registered in etcd instead of the
+	// listen addresses when set.
+	advertise, advertiseHTTP string
+	maxKeys                  int
+	coordinators             []string
+	store                    *etcdstore.Store // nil: no persisted assignment to start from
+	follow                   bool             // follow the configuration in etcd (store) and register for allotctl
+	reportEvery              time.Duration
+	log                      *slog.Logger
+	redis                    []string // the regional store; none: leased and exact limits in memory
+	redisCluster             bool
+	storeTimeout             time.Duration
+	leaseTTL                 time.Duration
+	peers                    map[string]string // other regions → gRPC address (peers.go)
 }
 
 // regionNode is one region's running enforcer.
@@ -258,7 +266,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		return nil, fmt.Errorf("region %s: http listen: %w", spec.name, err)
 	}
 	n.grpcAddr, n.httpAddr = gl.Addr().String(), hl.Addr().String()
-	aopts := server.AdminOptions{Addr: n.grpcAddr, Applied: applied}
+	aopts := server.AdminOptions{Addr: cmp.Or(spec.advertise, n.grpcAddr), Applied: applied}
 	if spec.store != nil {
 		aopts.Shares = spec.store.DefaultShares
 	}
@@ -281,7 +289,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		fctx, stop := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { follower.Run(fctx); close(done) }()
-		registration, err := spec.store.Register(ctx, etcdstore.Region{Region: spec.name, Addr: n.grpcAddr, HTTP: n.httpAddr})
+		registration, err := spec.store.Register(ctx, etcdstore.Region{Region: spec.name, Addr: cmp.Or(spec.advertise, n.grpcAddr), HTTP: cmp.Or(spec.advertiseHTTP, n.httpAddr)})
 		if err != nil {
 			stop()
 			<-done
