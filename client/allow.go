@@ -32,9 +32,7 @@ func (c *Client) Allow(ctx context.Context, domain string, descriptors []allot.D
 	if b != nil {
 		b.mu.Lock()
 		if b.take(hits) {
-			d := b.info
-			d.Allowed = true
-			d.Remaining = b.tokens() + b.left
+			d := b.allowed()
 			b.mu.Unlock()
 			c.stats.local.Add(1)
 			return d
@@ -74,9 +72,7 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	b.lastUse = now
 	b.maxHits = max(b.maxHits, hits)
 	if b.take(hits) { // a grant arrived meanwhile
-		d := b.info
-		d.Allowed = true
-		d.Remaining = b.tokens() + b.left
+		d := b.allowed()
 		b.mu.Unlock()
 		c.stats.local.Add(1)
 		return d

@@ -86,5 +86,14 @@ func (b *bucket) take(hits int64) bool {
 	return true
 }
 
+// allowed is the answer to a request a grant covered; the caller holds
+// b.mu.
+func (b *bucket) allowed() Decision {
+	d := b.info
+	d.Allowed = true
+	d.Remaining = b.tokens() + b.left
+	return d
+}
+
 // tokens is what the grants hold; the caller holds b.mu.
 func (b *bucket) tokens() int64 { return b.hold.Held() }

@@ -108,12 +108,7 @@ func (c *Client) syncOnce(leaving bool) error {
 // the tokens it returns out of the bucket: they are gone even if the call
 // fails (a lost return strands tokens, it never adds any).
 func (c *Client) plan(b *bucket, now time.Time, ttl, interval time.Duration, leaving bool) (items []*allotv1.LeaseItem, asking, forget bool) {
-	if dt := now.Sub(b.lastSync).Seconds(); dt > 0 {
-		inst := float64(b.spent+b.asked) / dt
-		// Average over about two intervals; a rising rate is followed at
-		// once so that a burst does not run on Check calls.
-		b.rate = max(inst, 0.5*b.rate+0.5*inst)
-	}
+	b.rate = regional.GatewayRate(b.rate, b.spent+b.asked, now.Sub(b.lastSync))
 	b.lastSync = now
 	b.asked = 0
 	used := b.spent

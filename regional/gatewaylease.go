@@ -28,6 +28,18 @@ func GatewayWant(rate float64, interval time.Duration, maxHits int64) int64 {
 	return max(int64(math.Ceil(rate*2*interval.Seconds())), maxHits, 1)
 }
 
+// GatewayRate is a gateway's rate of a key after a round: hits asked
+// over the dt since the previous round, averaged with the previous rate
+// over about two rounds; a rising rate is followed at once, so that a
+// burst does not run on Check calls. A dt ≤ 0 keeps the previous rate.
+func GatewayRate(prev float64, hits int64, dt time.Duration) float64 {
+	if dt <= 0 {
+		return prev
+	}
+	inst := float64(hits) / dt.Seconds()
+	return max(inst, 0.5*prev+0.5*inst)
+}
+
 // GatewayRenew reports whether a gateway holding held tokens, spending at
 // rate, should ask for more in this round: they would not last until the
 // round after next.

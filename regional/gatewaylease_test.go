@@ -28,6 +28,16 @@ func TestGatewayLeaseSizing(t *testing.T) {
 			t.Errorf("GatewayWant(%v, %v, %d) = %d, want %d", tc.rate, iv, tc.maxHits, got, tc.want)
 		}
 	}
+	for _, tc := range []struct {
+		prev float64
+		hits int64
+		dt   time.Duration
+		rate float64
+	}{{0, 25, iv, 100}, {100, 0, iv, 50}, {100, 50, iv, 200}, {100, 5, 0, 100}} {
+		if got := GatewayRate(tc.prev, tc.hits, tc.dt); got != tc.rate {
+			t.Errorf("GatewayRate(%v, %d, %v) = %v, want %v", tc.prev, tc.hits, tc.dt, got, tc.rate)
+		}
+	}
 	if !GatewayRenew(10, 100, iv) || GatewayRenew(40, 100, iv) || GatewayRenew(0, 0, iv) {
 		t.Error("GatewayRenew: renew when less than 1.5 intervals of the rate is held, never at rate 0")
 	}

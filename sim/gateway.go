@@ -108,10 +108,7 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 	slices.Sort(ids) // a deterministic order
 	for _, id := range ids {
 		k := g.keys[id]
-		if dt := w.now.Sub(k.lastSync).Seconds(); dt > 0 {
-			inst := float64(k.spent+k.asked) / dt
-			k.rate = max(inst, 0.5*k.rate+0.5*inst)
-		}
+		k.rate = regional.GatewayRate(k.rate, k.spent+k.asked, w.now.Sub(k.lastSync))
 		k.lastSync = w.now
 		k.asked, k.spent = 0, 0
 		forget := w.now.Sub(k.lastUse) > 20*iv

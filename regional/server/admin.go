@@ -52,11 +52,7 @@ type regionAdmin struct {
 
 // Usage reports this region's usage of the key the descriptor selects.
 func (a regionAdmin) Usage(ctx context.Context, req *allotv1.UsageRequest) (*allotv1.UsageResponse, error) {
-	d := make(allot.Descriptor, len(req.GetDescriptor_()))
-	for i, e := range req.GetDescriptor_() {
-		d[i] = allot.Entry{Key: e.GetKey(), Value: e.GetValue()}
-	}
-	limits, err := a.s.usage(ctx, req.GetDomain(), d)
+	limits, err := a.s.usage(ctx, req.GetDomain(), fromEntries(req.GetDescriptor_()))
 	if err != nil {
 		return nil, grpcError(err)
 	}

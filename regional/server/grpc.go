@@ -52,6 +52,24 @@ func (r rateLimiter) Lease(ctx context.Context, req *allotv1.LeaseRequest) (*all
 	return resp, nil
 }
 
+// descriptors converts wire descriptors.
+func descriptors(ds []*allotv1.Descriptor) []allot.Descriptor {
+	out := make([]allot.Descriptor, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, fromEntries(d.GetEntries()))
+	}
+	return out
+}
+
+// fromEntries converts a wire descriptor's entries.
+func fromEntries(es []*allotv1.Entry) allot.Descriptor {
+	desc := make(allot.Descriptor, len(es))
+	for j, e := range es {
+		desc[j] = allot.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	return desc
+}
+
 func checkResult(dec *allot.Decision) *allotv1.CheckResult {
 	res := &allotv1.CheckResult{Allowed: dec.Allowed, RetryAfter: durationpb.New(dec.RetryAfter)}
 	for _, st := range dec.Statuses {

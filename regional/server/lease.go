@@ -40,6 +40,7 @@ type leases struct {
 
 	mu       sync.Mutex
 	gateways map[string]time.Time // id → last heard
+	pruned   time.Time            // the last sweep of gateways not heard within the TTL
 
 	calls  prometheus.Counter
 	tokens *prometheus.CounterVec // kind: granted, returned, dropped, used
@@ -68,7 +69,8 @@ func newLeases(s *Service, ttl time.Duration, reg prometheus.Registerer) *leases
 }
 
 // count records id (unless empty), forgets ids not heard within the TTL
-// (and id itself when leaving) and returns the number of live gateways.
+// (swept every quarter TTL) and id itself when leaving, and returns the
+// number of live gateways.
 func (l *leases) count(now time.Time, id string, leaving bool) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -83,9 +85,14 @@ func (l *leases) count(now time.Time, id string, leaving bool) int {
 			l.gateways[id] = now
 		}
 	}
-	for g, at := range l.gateways {
-		if now.Sub(at) > l.ttl {
-			delete(l.gateways, g)
+	// Sweeping every call would cost a pass over every gateway per call;
+	// every quarter TTL, a silent gateway is counted at most 1.25 TTL.
+	if now.Sub(l.pruned) >= l.ttl/4 {
+		l.pruned = now
+		for g, at := range l.gateways {
+			if now.Sub(at) > l.ttl {
+				delete(l.gateways, g)
+			}
 		}
 	}
 	return len(l.gateways)
@@ -125,19 +132,6 @@ func decodeLease(req *allotv1.LeaseRequest) ([]leaseItem, error) {
 		items[i] = li
 	}
 	return items, nil
-}
-
-// descriptors converts wire descriptors.
-func descriptors(ds []*allotv1.Descriptor) []allot.Descriptor {
-	out := make([]allot.Descriptor, 0, len(ds))
-	for _, d := range ds {
-		desc := make(allot.Descriptor, len(d.GetEntries()))
-		for j, e := range d.GetEntries() {
-			desc[j] = allot.Entry{Key: e.GetKey(), Value: e.GetValue()}
-		}
-		out = append(out, desc)
-	}
-	return out
 }
 
 // serve answers one Lease call. Every item is validated before anything

@@ -127,13 +127,7 @@ func reserveRequest(req *allotv1.ReserveRequest) (regional.ReserveRequest, error
 		}
 		out.TTL = req.Ttl.AsDuration()
 	}
-	for _, d := range req.GetDescriptors() {
-		desc := make(allot.Descriptor, len(d.GetEntries()))
-		for j, e := range d.GetEntries() {
-			desc[j] = allot.Entry{Key: e.GetKey(), Value: e.GetValue()}
-		}
-		out.Descriptors = append(out.Descriptors, desc)
-	}
+	out.Descriptors = descriptors(req.GetDescriptors())
 	return out, nil
 }
 
