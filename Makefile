@@ -21,7 +21,7 @@ test:
 k8s:
 	cd deploy/kubernetes/validate && $(GO) test -count=1 ./...
 
-## bench: the engine's benchmarks (targets in DESIGN.md section 10)
+## bench: the engine's benchmarks (targets in docs/design.md section 10)
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem $(PKGS)
 

@@ -8,7 +8,7 @@ import (
 )
 
 // corePackages must stay free of I/O libraries and generated code
-// (DESIGN.md section 11), so that the simulator can run them on a virtual
+// (docs/design.md section 11), so that the simulator can run them on a virtual
 // clock.
 var corePackages = []string{".", "./crdt", "./regional", "./coordinator", "./sim"}
 

@@ -13,7 +13,7 @@ import (
 )
 
 // The streams workload: 1000 concurrent LLM streams of one tenant against
-// a token budget they want twice over. DESIGN.md section 10 targets
+// a token budget they want twice over. docs/design.md section 10 targets
 // over-admission ≤ 1% of the limit; the issue asks for false rejects
 // caused by over-reservation ≤ 5%, compared with charging after the
 // response.

@@ -19,7 +19,7 @@ type LimitSpec struct {
 	// Amount is L, what the limit allows per Period over all regions.
 	Amount int64
 	Period time.Duration
-	// Bound is how far above L a shared-mode window may go (DESIGN.md §9:
+	// Bound is how far above L a shared-mode window may go (docs/design.md §9:
 	// rate × stale_after × (regions − 1), or the exported
 	// allot_peer_overshoot_bound if larger).
 	Bound float64
