@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -26,32 +25,21 @@ regions. Logs, pid files and the state (cluster.json) go to --dir.
   down     stop it: SIGTERM, then SIGKILL after --grace
   status   what runs, where, whether it answers, and who leads each domain
 
-Run "allot cluster COMMAND -h" for a command's flags.
+Run "allot cluster COMMAND --help" for a command's flags.
 `
 
 func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, localClusterUsage)
-		return errors.New("cluster: no command")
-	}
-	switch args[0] {
-	case "up":
-		return runClusterUp(ctx, args[1:], stdout, stderr)
-	case "down":
-		return runClusterDown(args[1:], stdout, stderr)
-	case "status":
-		return runClusterStatus(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, localClusterUsage)
-		return nil
-	}
-	fmt.Fprint(stderr, localClusterUsage)
-	return fmt.Errorf("cluster: unknown command %q", args[0])
+	return dispatch(ctx, newFlagSet("allot cluster", localClusterUsage, stderr), clusterCommands(), args, stdout, stderr)
+}
+
+// clusterCommands are the commands of allot cluster.
+func clusterCommands() map[string]command {
+	return map[string]command{"up": runClusterUp, "down": runClusterDown, "status": runClusterStatus}
 }
 
 func runClusterUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot cluster up", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot cluster up", fmt.Sprintf("usage: allot cluster up [flags]\n\n"+
+		"Starts the cluster in the background and returns once every process is ready.\nPorts: %s.", local.PortLayout), stderr)
 	var (
 		dir          = fs.String("dir", local.DefaultDir, "folder for logs, pid files, data and cluster.json")
 		base         = fs.Int("base-port", local.DefaultBasePort, "first port; the cluster uses the ports from it on (0: free ports)")
@@ -65,15 +53,8 @@ func runClusterUp(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		coordArgs    = fs.String("coordinator-args", "", "extra flags for every coordinator, space-separated (e.g. \"--rebalance-period 1s\")")
 		timeout      = fs.Duration("timeout", local.DefaultStartTimeout, "how long each process may take to be ready")
 	)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: allot cluster up [flags]\n\nStarts the cluster in the background and returns once every process is ready.\nPorts: %s.\n", local.PortLayout)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("cluster up: unexpected argument %q", fs.Arg(0))
 	}
 	if old, err := local.Load(*dir); err == nil && old.AnyRunning() {
 		return fmt.Errorf("cluster up: a cluster runs in %s already; allot cluster down --dir %s first", *dir, *dir)
@@ -103,16 +84,12 @@ func runClusterUp(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
-func runClusterDown(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot cluster down", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func runClusterDown(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("allot cluster down", "usage: allot cluster down [flags]\n\n"+
+		"Stops the cluster: enforcers, coordinators, Redis, etcd, with SIGTERM then SIGKILL after --grace.\nLogs and data stay in --dir.", stderr)
 	dir := fs.String("dir", local.DefaultDir, "the cluster's folder")
 	grace := fs.Duration("grace", local.DefaultGrace, "how long each process may take to stop after SIGTERM before SIGKILL")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot cluster down [flags]\n\nStops the cluster: enforcers, coordinators, Redis, etcd, with SIGTERM then SIGKILL after --grace.\nLogs and data stay in --dir.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
 	c, err := local.Load(*dir)
@@ -126,14 +103,10 @@ func runClusterDown(args []string, stdout, stderr io.Writer) error {
 }
 
 func runClusterStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot cluster status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot cluster status", "usage: allot cluster status [flags]\n\n"+
+		"Prints each process of the cluster: pid, state, addresses, health; and each domain's leader.\nExits 1 when a process is down or does not answer.", stderr)
 	dir := fs.String("dir", local.DefaultDir, "the cluster's folder")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot cluster status [flags]\n\nPrints each process of the cluster: pid, state, addresses, health; and each domain's leader.\nExits 1 when a process is down or does not answer.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
 	c, err := local.Load(*dir)

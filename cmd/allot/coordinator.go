@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -39,8 +38,9 @@ type coordinatorFlags struct {
 }
 
 func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot coordinator", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot coordinator", "usage: allot coordinator --etcd ENDPOINTS [flags]\n\n"+
+		"Campaigns in etcd to lead each domain and, while leading, splits its limits among regions.\n"+
+		"Serves the Admin API (allotctl): versioned limits, overrides and plans in etcd, usage and status.", stderr)
 	var f coordinatorFlags
 	fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (required)")
 	fs.StringVar(&f.domains, "domains", "", "domains to coordinate, comma-separated (default: every domain of the config)")
@@ -50,11 +50,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.StringVar(&f.advertise, "advertise", "", "address regions reach this coordinator at (default: the gRPC listen address)")
 	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often shares are recomputed")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot coordinator --etcd ENDPOINTS [flags]\n\nCampaigns in etcd to lead each domain and, while leading, splits its limits among regions.\nServes the Admin API (allotctl): versioned limits, overrides and plans in etcd, usage and status.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
 	if f.etcd == "" {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -17,8 +16,10 @@ import (
 // regions linked through relays it can cut, plays the demo's story
 // against it, shows a live view on stdout and serves the dashboard.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot demo", "usage: allot demo [flags]\n\nThe embedded default (allot dev) and traffic that plays a two-minute story on it: steady traffic,\n"+
+		"a demand shift, a region cut off from the coordinator and its peers and healed, a burst of LLM token\n"+
+		"reservations. A live view on stdout (redrawn in place on a terminal) and a dashboard with charts at\n"+
+		"--dashboard-addr. The story is written for the built-in example limits and three regions.", stderr)
 	var f devFlags
 	f.register(fs)
 	// The view owns the terminal: only warnings go to stderr by default.
@@ -28,18 +29,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	once := fs.Bool("once", false, "exit when the story ends; without it the story starts over until Ctrl-C")
 	dashAddr := fs.String("dashboard-addr", "127.0.0.1:8060", "the dashboard's HTTP listen address")
 	interval := fs.Duration("interval", demo.DefaultInterval, "how often the view redraws and the dashboard gets a sample")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot demo [flags]\n\nThe embedded default (allot dev) and traffic that plays a two-minute story on it: steady traffic,\n"+
-			"a demand shift, a region cut off from the coordinator and its peers and healed, a burst of LLM token\n"+
-			"reservations. A live view on stdout (redrawn in place on a terminal) and a dashboard with charts at\n"+
-			"--dashboard-addr. The story is written for the built-in example limits and three regions.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("demo: unexpected argument %q", fs.Arg(0))
 	}
 	if !(*speed > 0 && *speed <= 1000) {
 		return fmt.Errorf("demo: --speed must be above 0 and at most 1000, got %v", *speed)

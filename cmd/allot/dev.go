@@ -45,15 +45,11 @@ func (f *devFlags) register(fs *flag.FlagSet) {
 // runDev starts the embedded default: an embedded etcd, one coordinator
 // and several regions in one process.
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot dev", "usage: allot dev [flags]\n\nThe embedded default: an embedded etcd, a coordinator and three regions in one process,\n"+
+		"enforcing the built-in example limits in memory. SIGHUP reloads --config.", stderr)
 	var f devFlags
 	f.register(fs)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot dev [flags]\n\nThe embedded default: an embedded etcd, a coordinator and three regions in one process,\nenforcing the built-in example limits in memory. SIGHUP reloads --config.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
 	c, err := startDev(ctx, &f, stderr, nil)
@@ -312,3 +308,4 @@ func printCluster(w io.Writer, name string, c *devCluster) {
 	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (--addr %s)\n", c.adminAddr, c.adminAddr)
 	fmt.Fprintf(w, "  etcd (embedded)  %s\n", c.etcd)
 }
+

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -13,22 +12,15 @@ import (
 // runEtcd serves allot's embedded etcd as a process of its own: the etcd
 // of a local cluster (allot cluster up) on a machine without etcd.
 func runEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot etcd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot etcd", "usage: allot etcd [flags]\n\nServes a single-member etcd (allot's embedded one) on loopback until SIGINT/SIGTERM.\n"+
+		"For local clusters and tests; production fleets run a real etcd cluster.", stderr)
 	var (
 		dataDir = fs.String("data-dir", "allot-etcd", "data folder; a folder with data from an earlier run is restarted with it")
 		client  = fs.String("client-addr", "127.0.0.1:2379", "client address (loopback)")
 		peer    = fs.String("peer-addr", "127.0.0.1:2380", "peer address (loopback)")
 	)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot etcd [flags]\n\nServes a single-member etcd (allot's embedded one) on loopback until SIGINT/SIGTERM.\nFor local clusters and tests; production fleets run a real etcd cluster.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("etcd: unexpected argument %q", fs.Arg(0))
 	}
 	e, err := etcdstore.StartEmbedded(*dataDir, "http://"+*client, "http://"+*peer)
 	if err != nil {

@@ -24,14 +24,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "allot:", err)
-		}
+		fmt.Fprintln(os.Stderr, "allot:", err)
 		os.Exit(1)
 	}
 }
 
-const usage = `usage: allot COMMAND [flags]
+const usage = `usage: allot COMMAND [flags] [arguments]
 
 commands:
   dev        the embedded default: etcd, a coordinator and three regions in one process
@@ -45,41 +43,35 @@ commands:
   cluster    a local cluster of real processes: allot cluster up|down|status
   etcd       serve allot's embedded etcd as a process of its own
 
-Run "allot COMMAND -h" for a command's flags.
+Flags and arguments come in any order after the command. Run "allot COMMAND --help"
+(or "allot help COMMAND") for a command's flags.
 `
 
+// run runs the command line args (without the program's name). It
+// returns nil when help was asked for (-h or --help): the usage went to
+// stdout.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("no command")
-	}
-	switch args[0] {
-	case "dev":
-		return runDev(ctx, args[1:], stdout, stderr)
-	case "demo":
-		return runDemo(ctx, args[1:], stdout, stderr)
-	case "regional":
-		return runRegional(ctx, args[1:], stdout, stderr)
-	case "coordinator":
-		return runCoordinator(ctx, args[1:], stdout, stderr)
-	case "check":
-		return runCheck(ctx, args[1:], stdout, stderr)
-	case "bench":
-		return runBench(ctx, args[1:], stdout, stderr)
-	case "validate":
-		return runValidate(args[1:], stdout, stderr)
-	case "sim":
-		return runSim(ctx, args[1:], stdout, stderr)
-	case "cluster":
-		return runCluster(ctx, args[1:], stdout, stderr)
-	case "etcd":
-		return runEtcd(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
+	err := dispatch(ctx, newFlagSet("allot", usage, stderr), commands(), args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
-	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", args[0])
+	return err
+}
+
+// commands are allot's commands by name.
+func commands() map[string]command {
+	return map[string]command{
+		"dev":         runDev,
+		"demo":        runDemo,
+		"regional":    runRegional,
+		"coordinator": runCoordinator,
+		"check":       runCheck,
+		"bench":       runBench,
+		"validate":    runValidate,
+		"sim":         runSim,
+		"cluster":     runCluster,
+		"etcd":        runEtcd,
+	}
 }
 
 // loadConfig reads path, or the built-in example when path is empty.
@@ -90,18 +82,13 @@ func loadConfig(path string) (*allot.Config, error) {
 	return allot.LoadConfigFile(path)
 }
 
-func runValidate(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintln(stderr, "usage: allot validate FILE...") }
-	if err := fs.Parse(args); err != nil {
+func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("allot validate", "usage: allot validate FILE...\n\nChecks limits files; every error names the file, line and field.", stderr)
+	files, err := parseArgs(fs, args, stdout, 1, -1)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errors.New("validate: no file given")
-	}
-	for _, path := range fs.Args() {
+	for _, path := range files {
 		cfg, err := allot.LoadConfigFile(path)
 		if err != nil {
 			return err
@@ -114,8 +101,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 }
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot check", "usage: allot check [flags]\n\nPlays COUNT requests, INTERVAL apart on a virtual clock, against the in-memory engine.", stderr)
 	var (
 		config   = fs.String("config", "", "limits file (default: the built-in "+examples.LimitsName+")")
 		domain   = fs.String("domain", "api", "domain of the requests")
@@ -124,11 +110,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		count    = fs.Int("count", 8, "number of requests")
 		interval = fs.Duration("interval", 0, "virtual time between requests")
 	)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot check [flags]\n\nPlays COUNT requests, INTERVAL apart on a virtual clock, against the in-memory engine.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
 	if *count < 1 || *count > 1_000_000 {

@@ -72,8 +72,8 @@ func (f *regionFlags) logger(stderr io.Writer) (*slog.Logger, error) {
 }
 
 func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot regional", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("allot regional", "usage: allot regional --config FILE --region NAME [flags]\n\n"+
+		"Serves one region's enforcer. SIGHUP reloads --config; SIGINT/SIGTERM stop gracefully.", stderr)
 	var f regionFlags
 	f.register(fs, "127.0.0.1:8081", "127.0.0.1:8080")
 	fs.StringVar(&f.region, "region", "", "name of the region this enforcer serves (required)")
@@ -86,11 +86,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.advertiseWeb, "advertise-http", "", "HTTP address registered in etcd (default: the HTTP listen address)")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", server.DefaultLeaseTTL, "how long a gateway (the Go SDK) may spend a Lease grant before its unused tokens come back; it also bounds how long a silent gateway is counted")
 	peerList := fs.String("peers", "", "the other regions and their enforcers' gRPC address, NAME=ADDR,...: shared-mode counters and loans (allot.v1.Peer)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot regional --config FILE --region NAME [flags]\n\nServes one region's enforcer. SIGHUP reloads --config; SIGINT/SIGTERM stop gracefully.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
 	if f.region == "" {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,37 +16,24 @@ import (
 
 // runSim: allot sim [run] FILE --out DIR [--seed N] [--short]. It writes
 // DIR/report.md, DIR/summary.json and the plots, and fails when an
-// assertion fails.
-func runSim(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("allot sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("out", "", "directory for report.md and summary.json (default: print the report)")
-	seed := fs.Uint64("seed", 0, "seed instead of the scenario's")
-	short := fs.Bool("short", false, "run the scenario's short form (what go test runs)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: allot sim [run] SCENARIO.yaml [--out DIR] [--seed N] [--short]")
-		fmt.Fprintln(stderr, "       allot sim table DIR/summary.json ...   (the figures of several runs as one markdown table)")
-		fs.PrintDefaults()
-	}
+// assertion fails. allot sim table FILE... is simTable.
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "table" {
-		return simTable(args[1:], stdout)
+		return simTable(ctx, args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "run" {
 		args = args[1:]
 	}
-	var file string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		file, args = args[0], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
+	fs := newFlagSet("allot sim", "usage: allot sim [run] SCENARIO.yaml [--out DIR] [--seed N] [--short]\n"+
+		"       allot sim table DIR/summary.json ...   (the figures of several runs as one markdown table)", stderr)
+	out := fs.String("out", "", "directory for report.md and summary.json (default: print the report)")
+	seed := fs.Uint64("seed", 0, "seed instead of the scenario's")
+	short := fs.Bool("short", false, "run the scenario's short form (what go test runs)")
+	pos, err := parseArgs(fs, args, stdout, 1, 1)
+	if err != nil {
 		return err
 	}
-	if file == "" && fs.NArg() == 1 {
-		file = fs.Arg(0)
-	} else if file == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("sim: want one scenario file")
-	}
+	file := pos[0]
 	sc, cfg, err := sim.Load(file)
 	if err != nil {
 		return err
@@ -115,9 +101,11 @@ func writeFiles(dir string, files map[string][]byte) error {
 
 // simTable prints the figures of several summary.json files as one
 // markdown table: a row per scenario and system.
-func simTable(files []string, stdout io.Writer) error {
-	if len(files) == 0 {
-		return fmt.Errorf("sim table: want summary.json files")
+func simTable(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("allot sim table", "usage: allot sim table DIR/summary.json ...\n\nPrints the figures of several runs (allot sim run --out DIR) as one markdown table.", stderr)
+	files, err := parseArgs(fs, args, stdout, 1, -1)
+	if err != nil {
+		return err
 	}
 	var b strings.Builder
 	b.WriteString("| scenario | system | overshoot max % | windows above L | false rejects % | utilisation % | convergence (s) | messages/s | store calls/request |\n")
@@ -136,6 +124,6 @@ func simTable(files []string, stdout io.Writer) error {
 				f.OvershootWindows, f.FalseRejectPct, f.UtilizationPct, sim.Seconds(f.ConvergenceS), f.MessagesPerS, f.StoreCallsPerRequest)
 		}
 	}
-	_, err := io.WriteString(stdout, b.String())
+	_, err = io.WriteString(stdout, b.String())
 	return err
 }

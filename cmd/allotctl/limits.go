@@ -17,7 +17,7 @@ import (
 // line: FILE:LINE: FIELD: MSG.
 func (c *cli) limitsValidate(_ context.Context, args []string) error {
 	fs := c.flags("limits validate", "FILE...")
-	files, err := c.parse(fs, args, 1, 1<<20)
+	files, err := c.parse(fs, args, 1, -1)
 	if err != nil {
 		return err
 	}

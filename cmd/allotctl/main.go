@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,14 +31,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "allotctl:", err)
-		}
+		fmt.Fprintln(os.Stderr, "allotctl:", err)
 		os.Exit(1)
 	}
 }
 
-const usage = `usage: allotctl COMMAND [flags]
+const usage = `usage: allotctl [global flags] COMMAND [flags] [arguments]
 
 limits:
   limits validate FILE...              check limits files offline; every error names file, line and field
@@ -59,8 +59,13 @@ fleet:
   usage --domain D --key tenant=acme   usage of a key per region and over all regions
   status                               leaders, shares, configuration and fallback state per region
 
-Every command takes --addr ADDR (default $ALLOT_ADDR, else 127.0.0.1:8070: allot dev's
-coordinator), -o table|json, --timeout DURATION. Run "allotctl COMMAND -h" for more.
+Global flags, before or after the command (allotctl --addr X status = allotctl status --addr=X):
+  --addr ADDR         the Admin API's gRPC address (default $ALLOT_ADDR, else 127.0.0.1:8070: allot dev's coordinator)
+  -o table|json       output
+  --timeout DURATION  deadline of the call (default 10s)
+  --author NAME       who makes the change, for the history (default: user@host)
+A command's own flags and its arguments come in any order. Run "allotctl COMMAND --help"
+(or "allotctl help COMMAND") for a command's flags.
 `
 
 // cli is one invocation: its common flags, output and connection.
@@ -69,52 +74,102 @@ type cli struct {
 	output  string
 	timeout time.Duration
 	author  string
-	stdout  io.Writer
-	stderr  io.Writer
-	client  allotv1.AdminClient
-	conn    *grpc.ClientConn
+	// global are the global flags given in front of the command's name,
+	// name → value: every flag set of the command starts from them.
+	global map[string]string
+	stdout io.Writer
+	stderr io.Writer
+	client allotv1.AdminClient
+	conn   *grpc.ClientConn
 }
 
+// run runs the command line args (without the program's name). It
+// returns nil when help was asked for (-h or --help): the usage went to
+// stdout.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c := &cli{stdout: stdout, stderr: stderr}
+	c := &cli{stdout: stdout, stderr: stderr, global: map[string]string{}}
 	defer c.close()
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("no command")
+	err := c.dispatch(ctx, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
 	}
-	cmds := map[string]map[string]func(context.Context, []string) error{
+	return err
+}
+
+// command is one command of allotctl: it gets the arguments after its name.
+type command func(ctx context.Context, args []string) error
+
+// commands are allotctl's commands: the groups (limits, override, plan)
+// with their subcommands, and the commands without subcommands.
+func (c *cli) commands() (groups map[string]map[string]command, leaves map[string]command) {
+	groups = map[string]map[string]command{
 		"limits": {"validate": c.limitsValidate, "diff": c.limitsDiff, "apply": c.limitsApply, "history": c.limitsHistory,
 			"show": c.limitsShow, "rollback": c.limitsRollback, "shadow": c.limitsShadow, "mode": c.limitsMode},
 		"override": {"set": c.overrideSet, "list": c.overrideList, "delete": c.overrideDelete},
 		"plan":     {"assign": c.planAssign, "unassign": c.planUnassign, "list": c.planList},
 	}
-	switch args[0] {
-	case "usage":
-		return c.usage(ctx, args[1:])
-	case "status":
-		return c.status(ctx, args[1:])
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return nil
-	}
-	sub, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("unknown command %q", args[0])
-	}
-	if len(args) < 2 || sub[args[1]] == nil {
-		fmt.Fprint(stderr, usage)
-		if len(args) < 2 {
-			return fmt.Errorf("%s: missing subcommand", args[0])
-		}
-		return fmt.Errorf("%s: unknown subcommand %q", args[0], args[1])
-	}
-	return sub[args[1]](ctx, args[2:])
+	leaves = map[string]command{"usage": c.usage, "status": c.status}
+	return groups, leaves
 }
 
-// flags returns a flag set with the common flags.
+// dispatch runs the command of args: global flags, then a command's name
+// (and a subcommand's, with global flags allowed between them), then the
+// command's flags and arguments.
+func (c *cli) dispatch(ctx context.Context, args []string) error {
+	cmds, leaves := c.commands()
+	args, err := c.globals(args)
+	switch {
+	case err != nil:
+		return err
+	case len(args) == 0:
+		fmt.Fprint(c.stderr, usage)
+		return errors.New("no command")
+	case args[0] == "help" && len(args) == 1:
+		fmt.Fprint(c.stdout, usage)
+		return nil
+	case args[0] == "help":
+		return c.dispatch(ctx, slices.Concat(args[1:], []string{"--help"}))
+	case leaves[args[0]] != nil:
+		return leaves[args[0]](ctx, args[1:])
+	}
+	name := args[0]
+	sub, ok := cmds[name]
+	if !ok {
+		fmt.Fprint(c.stderr, usage)
+		return fmt.Errorf("unknown command %q", name)
+	}
+	if args, err = c.globals(args[1:]); err != nil {
+		return err
+	}
+	if len(args) == 0 || sub[args[0]] == nil {
+		fmt.Fprint(c.stderr, usage)
+		if len(args) == 0 {
+			return fmt.Errorf("%s: missing subcommand", name)
+		}
+		return fmt.Errorf("%s: unknown subcommand %q", name, args[0])
+	}
+	return sub[args[0]](ctx, args[1:])
+}
+
+// globals parses the global flags in front of a command's name and keeps
+// them for the command's flag set; it returns the rest of args. -h prints
+// the usage of allotctl.
+func (c *cli) globals(args []string) ([]string, error) {
+	fs := c.flags("", "")
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
+	rest, err := parseFlags(fs, args, false, c.stdout)
+	if err != nil {
+		return nil, err
+	}
+	fs.Visit(func(f *flag.Flag) { c.global[f.Name] = f.Value.String() })
+	return rest, nil
+}
+
+// flags returns the flag set of a command with the global flags, set to
+// the values given in front of the command's name. Its usage is
+// "usage: allotctl NAME SYNOPSIS" and the flags' defaults.
 func (c *cli) flags(name, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet("allotctl "+name, flag.ContinueOnError)
+	fs := flag.NewFlagSet(strings.TrimSpace("allotctl "+name), flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
 	addr := os.Getenv("ALLOT_ADDR")
 	if addr == "" {
@@ -124,44 +179,36 @@ func (c *cli) flags(name, synopsis string) *flag.FlagSet {
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline of the call")
 	fs.StringVar(&c.author, "author", defaultAuthor(), "who makes the change, for the history")
+	for flagName, v := range c.global {
+		if err := fs.Set(flagName, v); err != nil {
+			panic(err) // v was parsed by a flag of the same name
+		}
+	}
 	fs.Usage = func() {
-		fmt.Fprintf(c.stderr, "usage: allotctl %s %s\n\n", name, synopsis)
+		fmt.Fprintln(fs.Output(), strings.TrimSpace("usage: allotctl "+name+" "+synopsis))
+		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
+		fmt.Fprintln(fs.Output(), "\n-addr, -o, -timeout and -author are global: they may come before the command too.")
 	}
 	return fs
 }
 
-// parse parses args with flags and positional arguments in any order and
-// checks the output format and the count of positional arguments.
+// parse parses a command's args with fs, flags and positional arguments
+// in any order, and checks the output format and the count of positional
+// arguments (maxArgs < 0: no bound). See parseFlags for -h and bad flags.
 func (c *cli) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if args = fs.Args(); len(args) == 0 {
-			break
-		}
-		pos, args = append(pos, args[0]), args[1:]
+	pos, err := parseFlags(fs, args, true, c.stdout)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case c.output != "table" && c.output != "json":
+	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("-o %q: want table or json", c.output)
-	case len(pos) < minArgs || len(pos) > maxArgs:
+	}
+	if err := checkArgs(commandName(fs), pos, minArgs, maxArgs); err != nil {
 		fs.Usage()
-		return nil, fmt.Errorf("%s: want %s", fs.Name(), argCount(minArgs, maxArgs))
+		return nil, err
 	}
 	return pos, nil
-}
-
-func argCount(lo, hi int) string {
-	switch {
-	case lo == hi && lo == 0:
-		return "no arguments"
-	case lo == hi:
-		return fmt.Sprintf("%d argument(s)", lo)
-	}
-	return fmt.Sprintf("%d to %d arguments", lo, hi)
 }
 
 func defaultAuthor() string {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,10 +233,201 @@ func TestBinary(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), bad+":7: limits[1].burst") {
 		t.Errorf("validate of a bad file: %v, output %q", err, out)
 	}
+	// Help exits 0 with the usage on stdout; a usage error exits 1.
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--help"}, 0, "usage: allotctl [global flags] COMMAND"},
+		{[]string{"status", "--help"}, 0, "usage: allotctl status"},
+		{[]string{"limits", "apply", "-h"}, 0, "usage: allotctl limits apply FILE"},
+		{[]string{"--addr", deadAddr(t), "--timeout", "2s", "status"}, 1, " unreachable"},
+		{[]string{"nope"}, 1, `unknown command "nope"`},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		got := stdout.String()
+		if c.code != 0 {
+			got = stderr.String()
+		}
+		if code != c.code || !strings.Contains(got, c.want) {
+			t.Errorf("allotctl %s: exit %d, want %d; stdout %q, stderr %q: want %q", strings.Join(c.args, " "), code, c.code, stdout.String(), stderr.String(), c.want)
+		}
+	}
 	f := fleettest.Start(t, limitsYAML, "us-east")
 	cmd := exec.Command(bin, "status")
 	cmd.Env = append(os.Environ(), "ALLOT_ADDR="+f.Admin)
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "domain api") {
 		t.Errorf("allotctl status: %v\n%s", err, out)
+	}
+}
+
+// deadAddr is a loopback address where nothing listens.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// helpCommands are allotctl's commands and subcommands, each with the
+// first line of its usage (a group's is allotctl's).
+var helpCommands = []struct {
+	args  []string
+	usage string
+}{
+	{nil, "usage: allotctl [global flags] COMMAND"},
+	{[]string{"limits"}, "usage: allotctl [global flags] COMMAND"},
+	{[]string{"limits", "validate"}, "usage: allotctl limits validate FILE..."},
+	{[]string{"limits", "diff"}, "usage: allotctl limits diff FILE"},
+	{[]string{"limits", "apply"}, "usage: allotctl limits apply FILE"},
+	{[]string{"limits", "history"}, "usage: allotctl limits history\n"},
+	{[]string{"limits", "show"}, "usage: allotctl limits show [VERSION]"},
+	{[]string{"limits", "rollback"}, "usage: allotctl limits rollback [VERSION]"},
+	{[]string{"limits", "shadow"}, "usage: allotctl limits shadow LIMIT on|off"},
+	{[]string{"limits", "mode"}, "usage: allotctl limits mode LIMIT split|shared"},
+	{[]string{"override"}, "usage: allotctl [global flags] COMMAND"},
+	{[]string{"override", "set"}, "usage: allotctl override set --domain D --key user=42"},
+	{[]string{"override", "list"}, "usage: allotctl override list [--domain D]"},
+	{[]string{"override", "delete"}, "usage: allotctl override delete --domain D --key user=42"},
+	{[]string{"plan"}, "usage: allotctl [global flags] COMMAND"},
+	{[]string{"plan", "assign"}, "usage: allotctl plan assign --domain D KEY PLAN"},
+	{[]string{"plan", "unassign"}, "usage: allotctl plan unassign --domain D KEY"},
+	{[]string{"plan", "list"}, "usage: allotctl plan list [--domain D]"},
+	{[]string{"usage"}, "usage: allotctl usage --domain D --key tenant=acme"},
+	{[]string{"status"}, "usage: allotctl status\n"},
+}
+
+// TestHelp: -h, --help and help COMMAND print the command's usage to
+// stdout and succeed, for every command, without calling the Admin API
+// (the default address has no coordinator in the tests).
+func TestHelp(t *testing.T) {
+	t.Setenv("ALLOT_ADDR", deadAddr(t))
+	for _, c := range helpCommands {
+		for _, args := range [][]string{
+			append(slices.Clone(c.args), "--help"),
+			append(slices.Clone(c.args), "-h"),
+			append([]string{"help"}, c.args...),
+			append([]string{"--addr", "127.0.0.1:1", "-o", "json"}, append(slices.Clone(c.args), "--help")...),
+		} {
+			var out, errb bytes.Buffer
+			if err := run(t.Context(), args, &out, &errb); err != nil {
+				t.Errorf("allotctl %s: %v, want success", strings.Join(args, " "), err)
+			}
+			if !strings.HasPrefix(out.String(), c.usage) {
+				t.Errorf("allotctl %s: stdout\n%s\nwant the usage, %q...", strings.Join(args, " "), out.String(), c.usage)
+			}
+			if len(c.args) == 2 && !strings.Contains(out.String(), "-addr string") {
+				t.Errorf("allotctl %s: usage\n%s\nwant the global flags in it", strings.Join(args, " "), out.String())
+			}
+			if errb.Len() > 0 {
+				t.Errorf("allotctl %s: stderr %q, want nothing", strings.Join(args, " "), errb.String())
+			}
+		}
+	}
+	// The table has every command.
+	listed := map[string]bool{}
+	for _, c := range helpCommands {
+		listed[strings.Join(c.args, " ")] = true
+	}
+	groups, leaves := (&cli{}).commands()
+	for _, g := range slices.Sorted(maps.Keys(groups)) {
+		for _, sub := range slices.Sorted(maps.Keys(groups[g])) {
+			if !listed[g+" "+sub] {
+				t.Errorf("command %s %s: not in helpCommands", g, sub)
+			}
+		}
+	}
+	for name := range leaves {
+		if !listed[name] {
+			t.Errorf("command %s: not in helpCommands", name)
+		}
+	}
+}
+
+// TestGlobalFlags: the global flags come before the command, after it,
+// between a command and its subcommand, as --addr X or --addr=X; the
+// later one wins. Against an address where nothing listens, the error is
+// a connection error naming it.
+func TestGlobalFlags(t *testing.T) {
+	addr, other := deadAddr(t), deadAddr(t)
+	t.Setenv("ALLOT_ADDR", other)
+	for _, args := range [][]string{
+		{"--addr", addr, "status"},
+		{"--addr=" + addr, "status"},
+		{"status", "--addr", addr},
+		{"status", "--addr=" + addr},
+		{"--addr", other, "status", "--addr", addr},
+		{"--addr", addr, "--timeout=2s", "-o", "json", "limits", "history", "--limit", "3"},
+		{"limits", "--addr", addr, "history"},
+		{"--addr", addr, "override", "list", "--domain", "api"},
+		{"-o", "json", "usage", "--domain", "api", "--key=user=1", "--addr", addr},
+		{"--addr", addr, "--author", "me", "limits", "shadow", "per-user", "on"},
+	} {
+		args = append([]string{"--timeout", "5s"}, args...)
+		out, err := ctl(t, args...)
+		if err == nil || !strings.Contains(err.Error(), addr+" unreachable") {
+			t.Errorf("allotctl %s: %v, want %s unreachable", strings.Join(args, " "), err, addr)
+		}
+		if out != "" {
+			t.Errorf("allotctl %s: stdout %q", strings.Join(args, " "), out)
+		}
+	}
+	// The output flag in front of an offline command.
+	good := writeFile(t, "limits.yaml", limitsYAML)
+	out := mustCtl(t, []string{"-o", "json", "limits", "validate", good})
+	var res []struct{ OK bool }
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 1 || !res[0].OK {
+		t.Errorf("-o json limits validate: %v\n%s", err, out)
+	}
+	if _, err := ctl(t, "-o", "yaml", "limits", "validate", good); err == nil || err.Error() != `-o "yaml": want table or json` {
+		t.Errorf("-o yaml: %v", err)
+	}
+}
+
+// TestUsageErrors: unknown commands and flags and wrong arguments fail
+// with a message naming them; the usage goes to stderr, nothing to stdout.
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"--addr", "127.0.0.1:1"}, "no command"},
+		{[]string{"nope"}, `unknown command "nope"`},
+		{[]string{"help", "nope"}, `unknown command "nope"`},
+		{[]string{"--nope", "status"}, "flag provided but not defined: -nope"},
+		{[]string{"--addr"}, "flag needs an argument: -addr"},
+		{[]string{"status", "--nope"}, "status: flag provided but not defined: -nope"},
+		{[]string{"status", "--timeout", "soon"}, `status: invalid value "soon" for flag -timeout: parse error`},
+		{[]string{"limits"}, "limits: missing subcommand"},
+		{[]string{"limits", "nope"}, `limits: unknown subcommand "nope"`},
+		{[]string{"limits", "--nope", "history"}, "flag provided but not defined: -nope"},
+		{[]string{"status", "extra"}, `status: unexpected argument "extra"`},
+		{[]string{"limits", "validate"}, "limits validate: want at least 1 argument, got 0"},
+		{[]string{"limits", "shadow", "per-user"}, "limits shadow: want 2 arguments, got 1"},
+		{[]string{"limits", "show", "1", "2"}, "limits show: want 0 to 1 arguments, got 2"},
+	} {
+		var out, errb bytes.Buffer
+		err := run(t.Context(), c.args, &out, &errb)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("allotctl %s: %v, want %q", strings.Join(c.args, " "), err, c.want)
+		}
+		if out.Len() > 0 || !strings.Contains(errb.String(), "usage: allotctl") {
+			t.Errorf("allotctl %s: stdout %q, stderr %q: want the usage on stderr only", strings.Join(c.args, " "), out.String(), errb.String())
+		}
 	}
 }
