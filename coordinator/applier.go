@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -22,6 +23,7 @@ type Applier struct {
 	term     int64
 	version  uint64
 	defaults map[string]float64 // by limit
+	order    []string           // the limits, in configuration order
 	keys     map[keyID]float64  // hot keys' own shares
 }
 
@@ -42,6 +44,7 @@ func NewApplier(d *allot.Domain, region string, snap Snapshot) (*Applier, error)
 		defaults: make(map[string]float64, len(d.Limits)), keys: map[keyID]float64{}}
 	for _, l := range d.Limits {
 		a.defaults[l.Name] = InitialShares(l.Floors, d.Regions)[i]
+		a.order = append(a.order, l.Name)
 	}
 	for _, rec := range snap.Records {
 		if _, ok := a.defaults[rec.Limit]; !ok || rec.Cells == nil {
@@ -139,6 +142,24 @@ func (a *Applier) Share(limit, key string) float64 {
 		return v
 	}
 	return a.defaults[limit]
+}
+
+// All returns every share the region applies: each limit's default, in
+// configuration order, then the hot keys with shares of their own, sorted.
+func (a *Applier) All() []Share {
+	out := make([]Share, 0, len(a.defaults)+len(a.keys))
+	for _, l := range a.order {
+		out = append(out, Share{Limit: l, Value: a.defaults[l]})
+	}
+	ids := make([]keyID, 0, len(a.keys))
+	for id := range a.keys {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(x, y keyID) int { return cmp.Or(cmp.Compare(x.limit, y.limit), cmp.Compare(x.key, y.key)) })
+	for _, id := range ids {
+		out = append(out, Share{Limit: id.limit, Key: id.key, Value: a.keys[id]})
+	}
+	return out
 }
 
 // Applied returns the term and version of the latest assignment applied

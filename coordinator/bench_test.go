@@ -88,3 +88,110 @@ func BenchmarkRebalance(b *testing.B) {
 	}
 	b.ReportMetric(perKey, "B/key")
 }
+
+const benchThreeRegions = `
+domain: api
+regions: [us, eu, ap]
+limits:
+  - {name: per-user, match: {user: "*"}, rate: 100/1s, floors: {us: 0.05, eu: 0.05, ap: 0.05}}
+`
+
+// BenchmarkFleetRebalance measures one full rebalance of a Fleet of 3
+// regions × 200 instances with 10,000 hot keys of a local limit: every
+// instance reports, then the Tick that retargets regions and instances'
+// weights, then the acks of every instance that got an assignment, until
+// nothing is left to send. Demand moves between two regions (and between
+// the halves of each region's instances) every op. msgs/op counts the
+// assignments sent to instances; B/instance is the heap the Fleet holds
+// per instance (targets: ≤ 200 ms per op).
+func BenchmarkFleetRebalance(b *testing.B) {
+	const (
+		perRegion = 200
+		keys      = 10_000
+	)
+	d := mustDomain(b, benchThreeRegions)
+	type inst struct{ region, id string }
+	var insts []inst
+	for _, r := range d.Regions {
+		for i := range perRegion {
+			insts = append(insts, inst{r, r + "-" + strconv.Itoa(i)})
+		}
+	}
+	// reports[p][i] is instance i's report in phase p: region p's first
+	// half of instances carries most of the demand, and its keys are hot.
+	var reports [2][]Report
+	for p := range reports {
+		for i, in := range insts {
+			hot := in.region == d.Regions[p] && i%perRegion < perRegion/2
+			kd := make([]KeyDemand, 0, keys/perRegion)
+			for k := i % perRegion; k < keys; k += perRegion {
+				kd = append(kd, KeyDemand{Key: "per-user:user=" + strconv.Itoa(k), Admitted: 1, NearLimit: hot})
+			}
+			adm := 1.0
+			if hot {
+				adm = 50
+			}
+			reports[p] = append(reports[p], Report{Domain: d.Name, Region: in.region, Instance: in.id, Limits: []LimitDemand{
+				{Limit: "per-user", Admitted: adm * float64(len(kd)), Keys: kd},
+			}})
+		}
+	}
+	now := t0
+	msgs := 0
+	var f *Fleet
+	acks := func(rd Ready) {
+		for len(rd.Send) > 0 {
+			var next Ready
+			for _, a := range rd.Send {
+				msgs++
+				r, err := f.Step(now, Ack{Domain: a.Domain, Region: a.Region, Instance: a.Instance, Term: a.Term, Version: a.Version, Seq: a.Grant.Seq})
+				if err != nil {
+					b.Fatal(err)
+				}
+				next.Send = append(next.Send, r.Send...)
+			}
+			rd = next
+		}
+	}
+	rebalance := func(p int) {
+		b.StopTimer()
+		now = now.Add(DefaultPeriod)
+		for _, rep := range reports[p] {
+			rep.At = now
+			if _, err := f.Step(now, rep); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		acks(f.Tick(now))
+	}
+
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.HeapAlloc
+	f, err := NewFleet(now, FleetConfig{Coordinator: Config{Domain: d, Term: 1}}, Snapshot{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, in := range insts {
+		rd, err := f.Attach(now, in.region, in.id, false, Ack{}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		acks(rd)
+	}
+	rebalance(0)
+	rebalance(0)
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	perInstance := float64(int64(ms.HeapAlloc)-int64(before)) / float64(len(insts))
+
+	msgs = 0
+	b.ResetTimer()
+	for i := range b.N {
+		rebalance(1 - i%2)
+	}
+	b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
+	b.ReportMetric(perInstance, "B/instance")
+}

@@ -48,6 +48,9 @@ type Message interface{ message() }
 type Report struct {
 	Domain string
 	Region string
+	// Instance names the enforcer instance that sent it (see Fleet); the
+	// Coordinator, which knows only regions, ignores it.
+	Instance string
 	// At is when the region built the report; each report of a region must
 	// be later than its previous one (duplicates and reordered reports are
 	// refused, so demand is counted once).
@@ -81,6 +84,10 @@ type Ack struct {
 	Region  string
 	Term    int64
 	Version uint64
+	// Instance and Seq, for a Fleet: the instance that applied it and the
+	// latest Grant of the term it applied (0: none).
+	Instance string
+	Seq      uint64
 }
 
 func (Report) message() {}
@@ -98,6 +105,36 @@ type Assignment struct {
 	Term    int64
 	Version uint64
 	Shares  []Share
+	// Instance and Grant are set by a Fleet: the assignment goes to that
+	// instance of the region only, with its part of the region's allowance.
+	Instance string
+	Grant    *Grant
+}
+
+// Grant is what one instance of a region may use, and until when. Seq
+// increases with every grant to the instance within a term. After Expires
+// (the coordinator's clock; the instance compares it with its own) the
+// instance holds nothing until granted again: that is what lets the
+// coordinator reclaim the part of an instance that vanished, once Expires
+// plus the tolerated clock skew has passed. A Full grant's assignment
+// carries every share of the region, not only the unacknowledged ones.
+type Grant struct {
+	Seq     uint64
+	Expires time.Time
+	Full    bool
+	// Weights are the instance's part, in [0, 1], of its region's share of
+	// every split-mode local limit (Weighted): it applies share × weight to
+	// the limit's default vector and hot keys. A local limit missing from
+	// Weights has weight 0. Other limits are enforced through the regional
+	// store, which every instance of the region shares: their shares apply
+	// undivided.
+	Weights []Weight
+}
+
+// Weight is an instance's part of its region's share of one limit.
+type Weight struct {
+	Limit string
+	Value float64
 }
 
 // Share is the region's share of a limit's default vector (Key empty) or

@@ -137,8 +137,10 @@ func (d *decision) refill(i int, sh *leaseShard, l *lease, need float64) error {
 	l.granted(op, res[0], t, f.opts.LeaseTTL)
 	l.size = size
 	if res[0].Granted == 0 && op.Want > 0 {
-		// Ask again when a whole lease is there, not at every request.
-		l.denied = t + max(int64(res[0].RetryAfter), p.wait(size-res[0].Available), 1)
+		// Ask again when a whole lease is there, not at every request, and
+		// at least every lease TTL: a share raised since (from 0, say, for
+		// an instance that held nothing) may fill it sooner.
+		l.denied = t + min(max(int64(res[0].RetryAfter), p.wait(size-res[0].Available), 1), int64(f.opts.LeaseTTL))
 	}
 	return nil
 }

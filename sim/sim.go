@@ -107,9 +107,10 @@ type world struct {
 	region []*region
 	m      *metrics
 
-	// The coordinator, nil while down. gen counts coordinators, so that
-	// messages sent to a stopped one are lost.
-	coord *coordinator.Coordinator
+	// The coordinator (its Fleet, as the coordinator's driver runs it), nil
+	// while down. gen counts coordinators, so that messages sent to a
+	// stopped one are lost.
+	coord *coordinator.Fleet
 	gen   int
 	term  int64
 	snap  coordinator.Snapshot // what was persisted
@@ -123,19 +124,21 @@ type region struct {
 	link  Link
 	skew  time.Duration // its clock reads true time + skew
 	inst  []*instance
-	div   float64   // a local limit's share is ÷ div in each instance
-	store *simStore // nil without leased or exact limits
-	app   *coordinator.Applier
+	store *simStore  // nil without leased or exact limits
 	gw    []*gateway // the gateways system's gateways (gateway.go)
 }
 
 // instance is one enforcer instance: an engine, the Enforcer over it
-// when the domain has leased or exact limits, and the Reservations of
-// LLM calls.
+// when the domain has leased or exact limits, the Reservations of LLM
+// calls and, in the coordinated systems, its side of the assignment
+// protocol (coordinator.Instance, as regional/coordclient drives it).
 type instance struct {
 	e  *regional.Engine
 	f  *regional.Enforcer
 	rs *regional.Reservations
+	id string
+	x  *coordinator.Instance // nil in the naive and ideal systems
+	at time.Time             // At of its latest report
 }
 
 // e is the engine of a region that runs one (shared mode, peers).
@@ -234,7 +237,7 @@ func (w *world) buildIdeal() error {
 	}
 	one := &instance{e: regional.New(cfg, regional.Options{})}
 	for i, name := range w.dom.Regions {
-		w.region = append(w.region, &region{name: name, idx: i, inst: []*instance{one}, div: 1})
+		w.region = append(w.region, &region{name: name, idx: i, inst: []*instance{one}})
 	}
 	return nil
 }
@@ -251,7 +254,7 @@ func (w *world) buildNaive() error {
 	}
 	for i, name := range w.dom.Regions {
 		sr := w.sc.region(name)
-		r := &region{name: name, idx: i, link: *sr.Link, div: float64(sr.Instances)}
+		r := &region{name: name, idx: i, link: *sr.Link}
 		for j := range sr.Instances {
 			e := regional.New(cfg, regional.Options{})
 			for _, l := range w.dom.Limits {
@@ -273,7 +276,7 @@ func (w *world) buildNaive() error {
 
 // newInstance wraps engine e (and store, if any) for instance j of r.
 func (w *world) newInstance(r *region, j int, e *regional.Engine, store *simStore) *instance {
-	in := &instance{e: e}
+	in := &instance{e: e, id: fmt.Sprintf("%s-i%d", r.name, j)}
 	if store != nil {
 		in.f = regional.NewEnforcer(e, store, regional.EnforcerOptions{Region: r.name, Instance: fmt.Sprint("i", j)})
 	}
@@ -309,7 +312,7 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 	}
 	for i, name := range d.Regions {
 		sr := w.sc.region(name)
-		r := &region{name: name, idx: i, link: *sr.Link, div: 1}
+		r := &region{name: name, idx: i, link: *sr.Link}
 		n := sr.Instances
 		if w.sys == Gateways {
 			n = 1 // one enforcer; the instances are gateways (gateway.go)
@@ -327,18 +330,14 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 					return err
 				}
 			}
-			r.inst = append(r.inst, w.newInstance(r, j, e, r.store))
-		}
-		r.div = float64(n)
-		app, err := coordinator.NewApplier(d, name, coordinator.Snapshot{})
-		if err != nil {
-			return err
-		}
-		r.app = app
-		for _, l := range d.Limits {
-			if err := w.setShare(r, coordinator.Share{Limit: l.Name, Value: app.Share(l.Name, "")}); err != nil {
+			in := w.newInstance(r, j, e, r.store)
+			x, err := coordinator.NewInstance(d, name, in.id)
+			if err != nil {
 				return err
 			}
+			in.x = x
+			w.setShares(r, in, x.Shares()) // an instance holds nothing until granted
+			r.inst = append(r.inst, in)
 		}
 		w.region = append(w.region, r)
 	}
@@ -352,10 +351,17 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 		if w.coord != nil {
 			w.ready(w.coord.Tick(w.now))
 		}
+		for _, r := range w.region { // grants not renewed in time end
+			for _, in := range r.inst {
+				w.setShares(r, in, in.x.Expire(w.clock(r)))
+			}
+		}
 	})
 	for i, r := range w.region {
-		phase := w.sc.ReportEvery * time.Duration(i+1) / time.Duration(len(w.region)+1)
-		w.every(T0.Add(phase), w.sc.ReportEvery, func() { w.report(r) })
+		for j, in := range r.inst {
+			phase := w.sc.ReportEvery * time.Duration(i*len(r.inst)+j+1) / time.Duration(len(w.region)*len(r.inst)+1)
+			w.every(T0.Add(phase), w.sc.ReportEvery, func() { w.report(r, in) })
+		}
 	}
 	for _, f := range w.sc.Faults {
 		w.fault(f)
@@ -368,50 +374,54 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 	return nil
 }
 
-// setShare sets share s in every instance of r: a local limit's share
-// is divided among the instances, a leased or exact limit's is the
-// region's store bucket.
-func (w *world) setShare(r *region, s coordinator.Share) error {
-	return w.setShares(r, []coordinator.Share{s})
-}
-
-// setShares sets shares, in order, in every instance of r: one default
-// share, or key shares of one limit (in one SetKeyShares call: an
-// assignment may carry thousands of hot keys).
-func (w *world) setShares(r *region, shares []coordinator.Share) error {
-	value := func(s coordinator.Share) float64 {
-		if l := w.dom.Limit(s.Limit); s.Value > 0 && l != nil && l.Enforcement == allot.Local {
-			return s.Value / r.div
+// setShares sets shares, in order, in instance in of r, as
+// regional/coordclient does: hot keys of one limit in one SetKeyShares
+// call (an assignment may carry thousands of them).
+func (w *world) setShares(r *region, in *instance, shares []coordinator.Share) {
+	for i := 0; i < len(shares); {
+		j := i + 1
+		for j < len(shares) && shares[i].Key != "" && shares[j].Key != "" && shares[j].Limit == shares[i].Limit {
+			j++
 		}
-		return s.Value
-	}
-	if len(shares) == 1 && shares[0].Key == "" {
-		for _, in := range r.inst {
-			if err := in.e.SetShare(w.clock(r), w.dom.Name, shares[0].Limit, value(shares[0])); err != nil {
-				return err
+		var err error
+		if shares[i].Key == "" {
+			err = in.e.SetShare(w.clock(r), w.dom.Name, shares[i].Limit, shares[i].Value)
+		} else {
+			ks := make([]regional.KeyShare, 0, j-i)
+			for _, s := range shares[i:j] {
+				ks = append(ks, regional.KeyShare{Key: s.Key, Share: s.Value})
 			}
+			err = in.e.SetKeyShares(w.clock(r), w.dom.Name, shares[i].Limit, ks)
 		}
-		return nil
-	}
-	ks := make([]regional.KeyShare, len(shares))
-	for i, s := range shares {
-		ks[i] = regional.KeyShare{Key: s.Key, Share: value(s)}
-	}
-	for _, in := range r.inst {
-		if err := in.e.SetKeyShares(w.clock(r), w.dom.Name, shares[0].Limit, ks); err != nil {
-			return err
+		if err != nil {
+			panic(fmt.Sprintf("%s: apply %+v: %v", in.id, shares[i:j], err)) // the Instance validated them
 		}
+		for _, s := range shares[i:j] {
+			w.checkShares(s)
+		}
+		i = j
 	}
-	return nil
 }
 
-// share is region r's share of key (its instances' together).
+// share is region r's share of key: what its instances apply together
+// for a local limit; for a limit counted in the regional store, the
+// largest share any of its instances applies to the store's count.
 func (w *world) share(r *region, limit, key string) float64 {
-	v := r.inst[0].e.Share(w.dom.Name, limit, key)
-	if l := w.dom.Limit(limit); l != nil && l.Enforcement == allot.Local {
-		v *= r.div
+	sum, most := 0.0, 0.0
+	seen := map[*regional.Engine]bool{}
+	for _, in := range r.inst {
+		if seen[in.e] {
+			continue // the ideal system's one engine
+		}
+		seen[in.e] = true
+		v := in.e.Share(w.dom.Name, limit, key)
+		sum += v
+		most = max(most, v)
 	}
-	return v
+	if l := w.dom.Limit(limit); l != nil && l.Enforcement != allot.Local && w.sys != Naive {
+		return most
+	}
+	return sum
 }
 
 func (sc *Scenario) region(name string) *Region {
@@ -423,17 +433,41 @@ func (sc *Scenario) region(name string) *Region {
 	return nil
 }
 
-// start starts a coordinator from the persisted snapshot, under a new term.
+// start starts a coordinator from the persisted snapshot, under a new
+// term, and every instance connects to it.
 func (w *world) start() error {
 	w.term++
-	c, err := coordinator.New(w.now, coordinator.Config{Domain: w.dom, Term: w.term,
-		Period: w.sc.Period, HalfLife: w.sc.HalfLife}, w.snap)
+	c, err := coordinator.NewFleet(w.now, coordinator.FleetConfig{Coordinator: coordinator.Config{Domain: w.dom, Term: w.term,
+		Period: w.sc.Period, HalfLife: w.sc.HalfLife}}, w.snap, nil)
 	if err != nil {
 		return fmt.Errorf("start the coordinator of term %d: %w", w.term, err)
 	}
 	w.coord = c
 	w.gen++
+	for _, r := range w.region {
+		for _, in := range r.inst {
+			w.connect(r, in)
+		}
+	}
 	return nil
+}
+
+// connect opens instance in's stream to the coordinator running now: its
+// hello, then the coordinator's full grant.
+func (w *world) connect(r *region, in *instance) {
+	in.x.Reconnect()
+	hello, weights := in.x.Hello()
+	gen := w.gen
+	w.send(r.link, r.name, "", func() {
+		if w.coord == nil || w.gen != gen {
+			return
+		}
+		rd, err := w.coord.Attach(w.now, r.name, in.id, false, hello, weights)
+		if err != nil {
+			panic(err) // the instance and region are the world's own
+		}
+		w.ready(rd)
+	})
 }
 
 // errStoreDown is what a region's store answers during a store outage.
@@ -443,7 +477,14 @@ func (w *world) fault(f Fault) {
 	switch f.Kind {
 	case "partition":
 		w.at(T0.Add(f.At), func() { w.cut[f.Region] = true })
-		w.at(T0.Add(f.At+f.For), func() { delete(w.cut, f.Region) })
+		w.at(T0.Add(f.At+f.For), func() {
+			delete(w.cut, f.Region)
+			if w.coord != nil && w.sys != Naive && w.sys != ideal { // its streams broke: they reconnect
+				for _, in := range w.byName(f.Region).inst {
+					w.connect(w.byName(f.Region), in)
+				}
+			}
+		})
 	case "failover":
 		w.at(T0.Add(f.At), func() { w.coord = nil })
 		w.at(T0.Add(f.At+f.For), func() {
@@ -505,15 +546,31 @@ func (w *world) toCoord(r *region, m coordinator.Message) {
 	})
 }
 
-// ready persists, then sends, as coordinator.Ready asks.
+// ready persists, then sends each assignment to its instance, as the
+// coordinator's driver does.
 func (w *world) ready(rd coordinator.Ready) {
 	if len(rd.Persist) > 0 {
 		w.persist(rd)
 	}
+	gen := w.gen
 	for _, a := range rd.Send {
 		r := w.byName(a.Region)
-		w.send(r.link, r.name, "", func() { w.apply(r, a) })
+		in := r.byID(a.Instance)
+		w.send(r.link, r.name, "", func() {
+			if w.gen == gen { // a stream of a coordinator that is gone is closed
+				w.apply(r, in, a)
+			}
+		})
 	}
+}
+
+func (r *region) byID(id string) *instance {
+	for _, in := range r.inst {
+		if in.id == id {
+			return in
+		}
+	}
+	panic("sim: unknown instance " + id)
 }
 
 // persist replaces (or, for a Record without Cells, deletes) the records
@@ -537,42 +594,28 @@ func (w *world) persist(rd coordinator.Ready) {
 	w.snap.Term, w.snap.Version = rd.Term, rd.Version
 }
 
-// apply is a region's driver: lowerings first, then the ack.
-func (w *world) apply(r *region, a coordinator.Assignment) {
-	shares, ack, err := r.app.Apply(a)
+// apply is an instance's driver (regional/coordclient): lowerings first,
+// then the ack.
+func (w *world) apply(r *region, in *instance, a coordinator.Assignment) {
+	shares, ack, err := in.x.Apply(w.clock(r), a)
 	if err != nil {
 		w.m.refused++
 		return
 	}
-	for i := 0; i < len(shares); {
-		j := i + 1
-		for j < len(shares) && shares[i].Key != "" && shares[j].Key != "" && shares[j].Limit == shares[i].Limit {
-			j++
-		}
-		if err := w.setShares(r, shares[i:j]); err != nil {
-			panic(fmt.Sprintf("%s: apply %+v: %v", r.name, shares[i:j], err)) // the Applier validated them
-		}
-		for _, s := range shares[i:j] {
-			w.checkShares(s)
-		}
-		i = j
-	}
+	w.setShares(r, in, shares)
 	w.toCoord(r, ack)
 }
 
-// report sends the region's demand since its previous report, as
-// regional/coordclient does; a region of several instances sums theirs
-// (one report per region, as one coordinator client per region would).
-func (w *world) report(r *region) {
-	rep := coordinator.Report{Domain: w.dom.Name, Region: r.name, At: w.clock(r)}
-	var all []allot.Demand
-	for _, in := range r.inst {
-		all = append(all, in.e.Demand()...)
+// report sends instance in's demand since its previous report, as
+// regional/coordclient does.
+func (w *world) report(r *region, in *instance) {
+	at := w.clock(r)
+	if !at.After(in.at) {
+		at = in.at.Add(time.Nanosecond) // a clock stepped back: reports stay ordered
 	}
-	if len(r.inst) > 1 {
-		all = mergeDemand(all)
-	}
-	for _, d := range all {
+	in.at = at
+	rep := coordinator.Report{Domain: w.dom.Name, Region: r.name, Instance: in.id, At: at}
+	for _, d := range in.e.Demand() {
 		if n := len(rep.Limits); n == 0 || rep.Limits[n-1].Limit != d.Limit {
 			rep.Limits = append(rep.Limits, coordinator.LimitDemand{Limit: d.Limit})
 		}
@@ -584,45 +627,6 @@ func (w *world) report(r *region) {
 		}
 	}
 	w.toCoord(r, rep)
-}
-
-// mergeDemand sums the demands of several instances by (limit, key), in
-// the order Engine.Demand gives them: by domain, limit and key.
-func mergeDemand(ds []allot.Demand) []allot.Demand {
-	slices.SortStableFunc(ds, func(a, b allot.Demand) int {
-		if a.Limit != b.Limit {
-			return compareStrings(a.Limit, b.Limit)
-		}
-		if (a.Key == "") != (b.Key == "") {
-			if a.Key == "" {
-				return -1
-			}
-			return 1
-		}
-		return compareStrings(a.Key, b.Key)
-	})
-	out := ds[:0]
-	for _, d := range ds {
-		if n := len(out); n > 0 && out[n-1].Limit == d.Limit && out[n-1].Key == d.Key {
-			o := &out[n-1]
-			o.Admitted += d.Admitted
-			o.Rejected += d.Rejected
-			o.NearLimit = o.NearLimit || d.NearLimit
-			continue
-		}
-		out = append(out, d)
-	}
-	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (w *world) byName(name string) *region {

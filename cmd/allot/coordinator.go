@@ -34,6 +34,7 @@ type coordinatorFlags struct {
 	httpAddr  string
 	advertise string
 	period    time.Duration
+	grantTTL  time.Duration
 	logLevel  string
 }
 
@@ -49,6 +50,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8071", "HTTP listen address (/metrics, /healthz)")
 	fs.StringVar(&f.advertise, "advertise", "", "address regions reach this coordinator at (default: the gRPC listen address)")
 	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often shares are recomputed")
+	fs.DurationVar(&f.grantTTL, "grant-ttl", coordinator.DefaultGrantTTL, "how long an instance's grant lasts unrenewed: an instance cut off from every coordinator this long holds nothing, and what a vanished instance held is reclaimed after it (plus 500ms of tolerated clock skew); a new leader raises nothing for as long")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
@@ -90,8 +92,8 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	srv, err := service.New(service.Options{
 		Store: store, Config: cfg, Domains: domains, Advertise: f.advertise,
-		Coordinator: coordinator.Config{Period: f.period},
-		Logger:      log, Registry: reg,
+		Coordinator: coordinator.Config{Period: f.period}, GrantTTL: f.grantTTL,
+		Logger: log, Registry: reg,
 	})
 	if err != nil {
 		return err

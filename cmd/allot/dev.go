@@ -57,6 +57,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer c.close()
+	waitGranted(ctx, c.nodes, 10*time.Second, stderr)
 	printDev(stdout, c)
 	return c.serve(ctx, f.config)
 }
@@ -309,3 +310,17 @@ func printCluster(w io.Writer, name string, c *devCluster) {
 	fmt.Fprintf(w, "  etcd (embedded)  %s\n", c.etcd)
 }
 
+// waitGranted waits until every coordinated node holds a grant (an
+// instance admits nothing before), for at most d.
+func waitGranted(ctx context.Context, nodes []*regionNode, d time.Duration, stderr io.Writer) {
+	deadline := time.Now().Add(d)
+	for _, n := range nodes {
+		for n.ready != nil && n.ready() != nil {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				fmt.Fprintf(stderr, "region %s: %v\n", n.name, n.ready())
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"io"
 	"net/http"
@@ -30,37 +29,7 @@ func buildAllot(t *testing.T) string {
 // the banner it prints.
 func startAllot(t *testing.T, bin string, args ...string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("allot stderr:\n%s", stderr.String())
-		}
-	})
-	re := regexp.MustCompile(`HTTP\s+http://(\S+)`)
-	// Give up (and so unblock the scan) if no banner comes.
-	timer := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
-	defer timer.Stop()
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			go io.Copy(io.Discard, stdout)
-			return cmd, m[1]
-		}
-	}
-	t.Fatalf("allot printed no HTTP address; stderr:\n%s", stderr.String())
-	return nil, ""
+	return startProcess(t, bin, regexp.MustCompile(`HTTP\s+http://(\S+)`), args...)
 }
 
 func check(t *testing.T, addr, user string) int {

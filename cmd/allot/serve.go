@@ -46,6 +46,7 @@ type regionFlags struct {
 	maxKeys      int
 	logLevel     string
 	coordinators string
+	instance     string
 	etcd         string
 	reportEvery  time.Duration
 	redis        string
@@ -78,7 +79,8 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	f.register(fs, "127.0.0.1:8081", "127.0.0.1:8080")
 	fs.StringVar(&f.region, "region", "", "name of the region this enforcer serves (required)")
 	fs.StringVar(&f.coordinators, "coordinator", "", "coordinators' gRPC addresses, comma-separated; without it the region holds whole limits")
-	fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated: the persisted assignment is applied at start")
+	fs.StringVar(&f.instance, "instance", "", "this enforcer's id at the coordinator, unique in its region (default: the host name and a random suffix, new at every start; an instance holds nothing until the coordinator grants it a part)")
+	fs.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated: the fleet's configuration (without --config) and registration for allotctl")
 	fs.StringVar(&f.redis, "redis", "", "regional Redis for leased and exact limits: ADDR, or a Cluster's seed nodes ADDR,ADDR... with --redis-cluster; without it they are enforced in memory")
 	fs.BoolVar(&f.redisCluster, "redis-cluster", false, "--redis names a Redis Cluster")
 	fs.DurationVar(&f.storeTimeout, "store-timeout", regional.DefaultStoreTimeout, "deadline of each regional store call on the request path; past it, a limit's on_failure decides")
@@ -125,7 +127,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, advertise: f.advertise, advertiseHTTP: f.advertiseWeb, maxKeys: f.maxKeys,
-		coordinators: splitList(f.coordinators), store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
+		coordinators: splitList(f.coordinators), instance: f.instance, store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
 		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers,
 	})
 	if err != nil {
@@ -161,6 +163,7 @@ type regionSpec struct {
 	advertise, advertiseHTTP string
 	maxKeys                  int
 	coordinators             []string
+	instance                 string           // the instance's id at the coordinator; empty: made up at start
 	store                    *etcdstore.Store // nil: no persisted assignment to start from
 	follow                   bool             // follow the configuration in etcd (store) and register for allotctl
 	reportEvery              time.Duration
@@ -175,7 +178,10 @@ type regionSpec struct {
 // regionNode is one region's running enforcer.
 type regionNode struct {
 	name string
-	svc  *server.Service
+	// ready, when coordinated, says whether the instance holds a grant
+	// (/readyz); nil: always ready.
+	ready func() error
+	svc   *server.Service
 	// setConfig gives the node a new configuration (and, when
 	// coordinated, re-reads its assignments).
 	setConfig func(*allot.Config)
@@ -224,11 +230,9 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		follower = configwatch.New(configwatch.Options{Store: spec.store, Apply: func(cfg *allot.Config) { apply(cfg) }, Logger: log})
 	}
 	var applied func(string) (int64, uint64)
+	var ready func() error
 	if len(spec.coordinators) > 0 {
-		opts := coordclient.Options{Region: spec.name, Engine: engine, Addrs: spec.coordinators, ReportEvery: spec.reportEvery, Logger: log, Registry: reg}
-		if spec.store != nil {
-			opts.Snapshot = spec.store.Snapshot
-		}
+		opts := coordclient.Options{Region: spec.name, Instance: spec.instance, Engine: engine, Addrs: spec.coordinators, ReportEvery: spec.reportEvery, Logger: log, Registry: reg}
 		client, err := coordclient.New(opts)
 		if err != nil {
 			return nil, err
@@ -237,7 +241,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			client.Close()
 			return nil, err
 		}
-		applied = client.Applied
+		applied, ready = client.Applied, client.Ready
 		apply = func(cfg *allot.Config) {
 			svc.SetConfig(cfg)
 			if err := client.Reconfigure(context.Background()); err != nil {
@@ -250,6 +254,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	}
 
 	n.setConfig = func(cfg *allot.Config) { apply(cfg) }
+	n.ready = ready
 	gl, err := net.Listen("tcp", spec.grpcAddr)
 	if err != nil {
 		n.stopLink()
@@ -278,7 +283,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		n.stopLink()
 		return nil, err
 	}
-	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Status: svc.StatusHandler(aopts)}), ReadHeaderTimeout: 5 * time.Second}
+	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Ready: ready, Status: svc.StatusHandler(aopts)}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { n.errc <- n.gs.Serve(gl) }()
 	go func() { n.errc <- n.hs.Serve(hl) }()
 	if follower != nil {

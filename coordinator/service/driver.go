@@ -3,106 +3,62 @@ package service
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
-	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/wire"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// driver owns one led domain's Coordinator.
-//
-// A region runs several enforcer instances, each with its own Connect
-// stream; the Coordinator knows only regions. The driver stands between
-// them (all of it in run's goroutine):
-//
-//   - Assignments for a region go to every stream of the region.
-//   - Acks: each stream's latest acked version of this term is kept (its
-//     Hello counts), and the Coordinator gets a region's Ack only for the
-//     version that every stream connected now has acked (the minimum),
-//     re-evaluated when a stream acks, attaches or detaches. So one
-//     instance's ack never counts as the region's while another instance
-//     still enforces an older, higher share.
-//   - Demand: each instance reports its own traffic. The driver keeps every
-//     stream's latest report as a rate (see streamReport) and forwards one
-//     report for the region whose amounts are the sum of the streams'
-//     rates over the interval since the region's previous forwarded report.
-//
-// Remaining gap: an instance whose stream ends (cut off from the
-// coordinator, or crashed) is no longer counted. Its ack no longer holds
-// the region's back, so the Coordinator may raise other regions out of
-// this region's lowering while that instance, if it lives on behind a
-// partition, still enforces the older share it last applied. The
-// Coordinator itself handles a partitioned region (frozen, its bound kept)
-// only when all of its instances are gone, as it sees one region, not
-// instances. Conversely, a stream the server has not yet noticed is dead
-// holds the region's acks back until gRPC notices (safe, but slower).
+// driver owns one led domain's coordinator.Fleet and moves its data: it
+// hands the Fleet what the instances' Connect streams bring (attach,
+// detach, reports, acks), ticks it, persists what it returns and sends
+// each assignment to the stream of the instance it names. Every rule about
+// instances (a region's ack, their parts of its allowance, grant expiry)
+// lives in the Fleet; all of the driver's state is owned by run's
+// goroutine but the streams map.
 type driver struct {
 	s      *Server
 	domain string
 	lead   *etcdstore.Leadership
-	co     *coordinator.Coordinator // owned by run's goroutine
-	limits []string                 // the domain's limits, in configuration order
+	fleet  *coordinator.Fleet // owned by run's goroutine
 	inbox  chan inbound
 	done   chan struct{} // closed when the driver stops
 
 	reload     chan struct{} // closed by SetConfig
 	reloadOnce sync.Once
 
-	streams map[string][]*regionStream // guarded by s.mu: outbound, by region
+	streams map[streamID]*regionStream // guarded by s.mu: the latest stream of each instance
 	stopped bool                       // guarded by s.mu: run has closed every stream
+	legacy  uint64                     // guarded by s.mu: ids made up for streams without an instance
 
-	regions map[string]*regionState // owned by run's goroutine
-
-	stepped func(coordinator.Message) // if set, sees every message the Coordinator applied (tests)
+	stepped func(coordinator.Message) // if set, sees every message the Fleet applied (tests)
 }
 
-// regionState is what the driver knows of one region, in run's goroutine.
-type regionState struct {
-	streams []*regionStream // connected, in the order they attached
-	sent    uint64          // version of the latest assignment sent to the region
-	acked   uint64          // version of the latest Ack forwarded to the Coordinator
-	at      time.Time       // At of the latest Report the Coordinator applied
-}
+type streamID struct{ region, instance string }
 
 // regionStream is one instance's Connect stream of a region.
 type regionStream struct {
-	region string
-	out    chan *allotv1.CoordinatorMessage
-	closed chan struct{} // closed when the driver stops
-
-	// Owned by the driver's run goroutine.
-	acked  uint64       // latest version of this term the instance acked (0: none)
-	lastAt time.Time    // At of its previous report
-	rates  streamReport // its latest report, as rates
+	region   string
+	instance string
+	legacy   bool // the Hello named no instance
+	out      chan *allotv1.CoordinatorMessage
+	closed   chan struct{} // closed when the driver stops
+	kicked   chan struct{} // closed to end the stream (kick)
+	kickOnce sync.Once
 }
 
-// streamReport is an instance's latest report as rates (cost per second)
-// over the interval since its previous report. The first report of a
-// stream gives no rate (there is no interval): it only marks keys near
-// their limit or with rejections as such.
-type streamReport map[string]*limitRate // by limit
-
-type limitRate struct {
-	admitted, rejected float64
-	keys               map[string]*keyRate
-}
-
-type keyRate struct {
-	admitted, rejected float64
-	near               bool // near its limit or with rejections
-}
+// kick ends the stream; the instance reconnects.
+func (r *regionStream) kick() { r.kickOnce.Do(func() { close(r.kicked) }) }
 
 func (r *regionStream) send(m *allotv1.CoordinatorMessage) bool {
 	select {
 	case r.out <- m:
 		return true
 	default:
-		return false // a slow instance: it will get the next period's assignment
+		return false // a slow instance: it will get the next period's grant
 	}
 }
 
@@ -111,11 +67,12 @@ func (r *regionStream) reject(err error) {
 }
 
 // inbound is what Connect hands to the driver: a stream attaching (with
-// its Hello's ack, if any) or detaching, or a message of a stream.
+// its Hello) or detaching, or a message of a stream.
 type inbound struct {
-	rs   *regionStream
-	kind inboundKind
-	msg  coordinator.Message // for inMessage, and the Hello's Ack (or nil) for inAttach
+	rs      *regionStream
+	kind    inboundKind
+	msg     coordinator.Message // for inMessage; the Hello's ack for inAttach
+	weights []coordinator.Weight
 }
 
 type inboundKind int
@@ -126,36 +83,38 @@ const (
 	inDetach
 )
 
-// attach adds an instance's stream of region and tells run, with the ack
-// its Hello carries (term and version; version 0 for none).
-func (d *driver) attach(region string, term int64, version uint64) *regionStream {
-	rs := &regionStream{region: region, out: make(chan *allotv1.CoordinatorMessage, 16), closed: make(chan struct{})}
+// attach adds an instance's stream of region (a later stream of the same
+// instance replaces the earlier) and tells run, with its Hello.
+func (d *driver) attach(region, instance string, hello coordinator.Ack, weights []coordinator.Weight) *regionStream {
+	rs := &regionStream{region: region, instance: instance, out: make(chan *allotv1.CoordinatorMessage, 16), closed: make(chan struct{}), kicked: make(chan struct{})}
 	d.s.mu.Lock()
 	if d.stopped {
 		close(rs.closed)
 		d.s.mu.Unlock()
 		return rs
 	}
-	d.streams[region] = append(d.streams[region], rs)
-	d.s.mu.Unlock()
-	var hello coordinator.Message
-	if version > 0 {
-		hello = coordinator.Ack{Domain: d.domain, Region: region, Term: term, Version: version}
+	if instance == "" {
+		d.legacy++
+		rs.instance, rs.legacy = fmt.Sprintf("unnamed-%d", d.legacy), true
 	}
-	d.postIn(inbound{rs: rs, kind: inAttach, msg: hello})
+	d.streams[streamID{region, rs.instance}] = rs
+	d.s.mu.Unlock()
+	hello.Domain, hello.Region, hello.Instance = d.domain, region, rs.instance
+	d.postIn(inbound{rs: rs, kind: inAttach, msg: hello, weights: weights})
 	return rs
 }
 
 func (d *driver) detach(rs *regionStream) {
 	d.s.mu.Lock()
-	if i := slices.Index(d.streams[rs.region], rs); i >= 0 {
-		d.streams[rs.region] = slices.Delete(d.streams[rs.region], i, i+1)
-		if len(d.streams[rs.region]) == 0 {
-			delete(d.streams, rs.region)
-		}
+	id := streamID{rs.region, rs.instance}
+	current := d.streams[id] == rs
+	if current {
+		delete(d.streams, id)
 	}
 	d.s.mu.Unlock()
-	d.postIn(inbound{rs: rs, kind: inDetach})
+	if current {
+		d.postIn(inbound{rs: rs, kind: inDetach})
+	}
 }
 
 // post hands a stream's message to the driver, unless it has stopped.
@@ -170,17 +129,15 @@ func (d *driver) postIn(in inbound) {
 	}
 }
 
-// run steps and ticks the coordinator until leadership is lost, ctx ends
-// or a fenced write fails.
+// run steps and ticks the Fleet until leadership is lost, ctx ends or a
+// fenced write fails.
 func (d *driver) run(ctx context.Context) error {
 	defer func() {
 		d.s.mu.Lock()
 		d.stopped = true
-		for r, rss := range d.streams {
-			for _, rs := range rss {
-				close(rs.closed)
-			}
-			delete(d.streams, r)
+		for id, rs := range d.streams {
+			close(rs.closed)
+			delete(d.streams, id)
 		}
 		d.s.mu.Unlock()
 	}()
@@ -199,8 +156,9 @@ func (d *driver) run(ctx context.Context) error {
 			rd = d.handle(d.s.opts.Now(), in)
 		case <-tick.C:
 			start := time.Now()
-			rd = d.co.Tick(d.s.opts.Now())
-			if len(rd.Send) > 0 {
+			before := d.fleet.Coordinator().Stats().Rebalances
+			rd = d.fleet.Tick(d.s.opts.Now())
+			if d.fleet.Coordinator().Stats().Rebalances > before {
 				d.s.metrics.rebalanced(d.domain, time.Since(start))
 			}
 		}
@@ -210,242 +168,49 @@ func (d *driver) run(ctx context.Context) error {
 	}
 }
 
-func (d *driver) region(name string) *regionState {
-	st := d.regions[name]
-	if st == nil {
-		st = &regionState{}
-		d.regions[name] = st
-	}
-	return st
+// current reports whether rs is its instance's latest stream.
+func (d *driver) current(rs *regionStream) bool {
+	d.s.mu.Lock()
+	defer d.s.mu.Unlock()
+	return d.streams[streamID{rs.region, rs.instance}] == rs
 }
 
-// handle applies one inbound event and returns what the Coordinator asks.
+// handle applies one inbound event and returns what the Fleet asks.
 func (d *driver) handle(now time.Time, in inbound) coordinator.Ready {
-	st := d.region(in.rs.region)
-	i := slices.Index(st.streams, in.rs)
 	switch in.kind {
 	case inAttach:
-		if i < 0 {
-			st.streams = append(st.streams, in.rs)
+		if !d.current(in.rs) {
+			return coordinator.Ready{} // replaced before it was handled
 		}
-		if in.msg == nil || in.msg.(coordinator.Ack).Term != d.lead.Term {
-			rd, _ := d.evalAck(now, in.rs.region, st) // an ack of an older term counts as none
-			return rd
+		rd, err := d.fleet.Attach(now, in.rs.region, in.rs.instance, in.rs.legacy, in.msg.(coordinator.Ack), in.weights)
+		if err != nil {
+			in.rs.reject(err)
 		}
-	case inDetach:
-		if i >= 0 {
-			st.streams = slices.Delete(st.streams, i, i+1)
-		}
-		rd, _ := d.evalAck(now, in.rs.region, st)
 		return rd
-	default:
-		if i < 0 {
-			return coordinator.Ready{} // a late message of a detached stream
-		}
+	case inDetach:
+		return d.fleet.Detach(now, in.rs.region, in.rs.instance)
 	}
-	var rd coordinator.Ready
+	if !d.current(in.rs) {
+		return coordinator.Ready{} // a late message of a replaced or detached stream
+	}
 	var err error
 	switch m := in.msg.(type) {
 	case coordinator.Ack:
-		if err = d.checkAck(st, m); err == nil {
-			in.rs.acked = max(in.rs.acked, m.Version)
-			rd, err = d.evalAck(now, in.rs.region, st)
-		}
+		m.Instance = in.rs.instance
+		in.msg = m
 	case coordinator.Report:
-		if err = d.checkReport(in.rs, m); err == nil {
-			in.rs.rates, in.rs.lastAt = rates(in.rs, m), m.At
-			err = d.forwardReport(now, in.rs.region, st, m.At)
-		}
-	default:
-		err = fmt.Errorf("%w: message %T", coordinator.ErrBadValue, m)
+		m.Instance = in.rs.instance
+		in.msg = m
 	}
+	rd, err := d.fleet.Step(now, in.msg)
 	d.s.metrics.message(d.domain, in.msg, err)
 	if err != nil {
-		d.s.log.Debug("message refused", "domain", d.domain, "region", in.rs.region, "err", err)
+		d.s.log.Debug("message refused", "domain", d.domain, "region", in.rs.region, "instance", in.rs.instance, "err", err)
 		in.rs.reject(err)
+	} else if d.stepped != nil {
+		d.stepped(in.msg)
 	}
 	return rd
-}
-
-// checkAck refuses what the Coordinator would: an ack of another term, or
-// of a version never sent to the region.
-func (d *driver) checkAck(st *regionState, a coordinator.Ack) error {
-	switch {
-	case a.Term < d.lead.Term:
-		return fmt.Errorf("%w: ack of term %d, leader's term is %d", coordinator.ErrStale, a.Term, d.lead.Term)
-	case a.Term > d.lead.Term || a.Version > st.sent:
-		return fmt.Errorf("%w: %s acked term %d version %d, latest sent is term %d version %d",
-			coordinator.ErrBadVersion, a.Region, a.Term, a.Version, d.lead.Term, st.sent)
-	}
-	return nil
-}
-
-// evalAck forwards the region's Ack of the latest version that every
-// connected stream of it has acked, if the Coordinator has not had it.
-func (d *driver) evalAck(now time.Time, region string, st *regionState) (coordinator.Ready, error) {
-	if len(st.streams) == 0 {
-		return coordinator.Ready{}, nil
-	}
-	v := st.streams[0].acked
-	for _, rs := range st.streams[1:] {
-		v = min(v, rs.acked)
-	}
-	if v <= st.acked {
-		return coordinator.Ready{}, nil
-	}
-	ack := coordinator.Ack{Domain: d.domain, Region: region, Term: d.lead.Term, Version: v}
-	rd, err := d.co.Step(now, ack)
-	if err != nil {
-		d.s.log.Warn("the coordinator refused a region's ack", "domain", d.domain, "region", region, "version", v, "err", err)
-		return coordinator.Ready{}, err
-	}
-	st.acked = v
-	d.applied(ack)
-	return rd, nil
-}
-
-// checkReport refuses what the Coordinator would refuse of a report: an
-// unknown limit, a bad amount, or one not later than the stream's previous.
-func (d *driver) checkReport(rs *regionStream, m coordinator.Report) error {
-	if !m.At.After(rs.lastAt) {
-		return fmt.Errorf("%w: report of %s at %v, not after %v", coordinator.ErrStale, m.Region, m.At, rs.lastAt)
-	}
-	for _, ld := range m.Limits {
-		if !slices.Contains(d.limits, ld.Limit) {
-			return fmt.Errorf("%w %q", coordinator.ErrUnknownLimit, ld.Limit)
-		}
-		if !validAmount(ld.Admitted) || !validAmount(ld.Rejected) {
-			return fmt.Errorf("%w: limit %s: admitted %v, rejected %v", coordinator.ErrBadValue, ld.Limit, ld.Admitted, ld.Rejected)
-		}
-		for _, kd := range ld.Keys {
-			if kd.Key == "" || !validAmount(kd.Admitted) || !validAmount(kd.Rejected) {
-				return fmt.Errorf("%w: limit %s: key %q: admitted %v, rejected %v", coordinator.ErrBadValue, ld.Limit, kd.Key, kd.Admitted, kd.Rejected)
-			}
-		}
-	}
-	return nil
-}
-
-func validAmount(v float64) bool { return v >= 0 && v <= allot.MaxAmount }
-
-// Report intervals, as the Coordinator bounds them: the first report of a
-// region is taken to cover defaultReportInterval; the others, the time
-// since the previous one, bounded.
-const (
-	defaultReportInterval = time.Second
-	minReportInterval     = 10 * time.Millisecond
-	maxReportInterval     = time.Minute
-)
-
-func interval(from, to time.Time) time.Duration {
-	if from.IsZero() {
-		return defaultReportInterval
-	}
-	return min(max(to.Sub(from), minReportInterval), maxReportInterval)
-}
-
-// rates converts a stream's report into rates over the interval since its
-// previous report; the first report of a stream gives none.
-func rates(rs *regionStream, m coordinator.Report) streamReport {
-	sr := streamReport{}
-	var perSec float64
-	if !rs.lastAt.IsZero() {
-		perSec = 1 / interval(rs.lastAt, m.At).Seconds()
-	}
-	for _, ld := range m.Limits {
-		lr := sr[ld.Limit]
-		if lr == nil {
-			lr = &limitRate{}
-			sr[ld.Limit] = lr
-		}
-		lr.admitted += ld.Admitted * perSec
-		lr.rejected += ld.Rejected * perSec
-		for _, kd := range ld.Keys {
-			if lr.keys == nil {
-				lr.keys = map[string]*keyRate{}
-			}
-			kr := lr.keys[kd.Key]
-			if kr == nil {
-				kr = &keyRate{}
-				lr.keys[kd.Key] = kr
-			}
-			kr.admitted += kd.Admitted * perSec
-			kr.rejected += kd.Rejected * perSec
-			kr.near = kr.near || kd.NearLimit || kd.Rejected > 0
-		}
-	}
-	return sr
-}
-
-// forwardReport gives the Coordinator one report of the region at at, if
-// later than the region's previous one (instances' clocks and reports
-// interleave: a report not later only updates its stream's rates): its
-// amounts are the sum over the region's streams of their rates times the
-// interval since the region's previous report, as the Coordinator takes
-// it; a key is near its limit if any stream's latest report says so.
-func (d *driver) forwardReport(now time.Time, region string, st *regionState, at time.Time) error {
-	if !at.After(st.at) {
-		return nil
-	}
-	dt := interval(st.at, at).Seconds()
-	rep := coordinator.Report{Domain: d.domain, Region: region, At: at}
-	for _, limit := range d.limits {
-		var ld coordinator.LimitDemand
-		seen := false
-		keys := map[string]*keyRate{}
-		for _, rs := range st.streams {
-			lr := rs.rates[limit]
-			if lr == nil {
-				continue
-			}
-			seen = true
-			ld.Admitted += lr.admitted
-			ld.Rejected += lr.rejected
-			for k, kr := range lr.keys {
-				sum := keys[k]
-				if sum == nil {
-					sum = &keyRate{}
-					keys[k] = sum
-				}
-				sum.admitted += kr.admitted
-				sum.rejected += kr.rejected
-				sum.near = sum.near || kr.near
-			}
-		}
-		if !seen {
-			continue
-		}
-		ld.Limit = limit
-		ld.Admitted, ld.Rejected = amount(ld.Admitted*dt), amount(ld.Rejected*dt)
-		for _, k := range sortedKeys(keys) {
-			kr := keys[k]
-			ld.Keys = append(ld.Keys, coordinator.KeyDemand{Key: k, Admitted: amount(kr.admitted * dt), Rejected: amount(kr.rejected * dt), NearLimit: kr.near})
-		}
-		rep.Limits = append(rep.Limits, ld)
-	}
-	if _, err := d.co.Step(now, rep); err != nil {
-		return err
-	}
-	st.at = at
-	d.applied(rep)
-	return nil
-}
-
-func (d *driver) applied(m coordinator.Message) {
-	if d.stepped != nil {
-		d.stepped(m)
-	}
-}
-
-func amount(v float64) float64 { return min(v, allot.MaxAmount) }
-
-func sortedKeys(m map[string]*keyRate) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
 
 // ready persists rd, then sends its assignments.
@@ -461,23 +226,39 @@ func (d *driver) ready(ctx context.Context, rd coordinator.Ready) error {
 			return fmt.Errorf("persist assignments: %w", err) // never send what was not persisted
 		}
 	}
-	d.s.metrics.ready(d.domain, rd, d.co.Stats())
+	d.s.metrics.ready(d.domain, rd, d.fleet.Coordinator().Stats())
 	d.send(rd)
 	return nil
 }
 
-// send sends rd's assignments to every stream of their regions.
+// send sends each of rd's assignments to the stream of its instance.
 func (d *driver) send(rd coordinator.Ready) {
-	for _, a := range rd.Send {
-		st := d.region(a.Region)
-		st.sent = max(st.sent, a.Version)
-	}
+	// A region's assignment goes to each of its instances with the same
+	// shares: convert them once.
+	converted := map[*coordinator.Share][]*allotv1.Share{}
 	d.s.mu.Lock()
 	defer d.s.mu.Unlock()
 	for _, a := range rd.Send {
-		m := wire.Assignment(a)
-		for _, rs := range d.streams[a.Region] {
-			rs.send(m)
+		rs := d.streams[streamID{a.Region, a.Instance}]
+		if rs == nil {
+			continue
+		}
+		var shares []*allotv1.Share
+		if len(a.Shares) > 0 {
+			shares = converted[&a.Shares[0]]
+			if shares == nil {
+				shares = wire.Shares(a.Shares)
+				converted[&a.Shares[0]] = shares
+			}
+		}
+		if rs.legacy {
+			if a.Version == 0 && len(a.Shares) == 0 {
+				continue // a grant only
+			}
+			a.Instance, a.Grant = "", nil // it knows no grants
+		}
+		if !rs.send(wire.AssignmentWith(a, shares)) && a.Grant != nil && a.Grant.Full {
+			rs.kick() // it applies nothing before a full grant: it must reconnect for another
 		}
 	}
 }

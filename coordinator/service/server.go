@@ -35,6 +35,11 @@ type Options struct {
 	// Coordinator is the template of every domain's coordinator.Config
 	// (Domain and Term are filled in).
 	Coordinator coordinator.Config
+	// GrantTTL and MaxSkew configure every domain's coordinator.Fleet:
+	// how long an instance's grant lasts unrenewed, and the clock skew
+	// tolerated between this server and the instances (0: defaults).
+	GrantTTL time.Duration
+	MaxSkew  time.Duration
 	// TickEvery is how often the driver ticks the coordinator (default
 	// 100ms; it rebalances every Coordinator.Period).
 	TickEvery time.Duration
@@ -53,6 +58,10 @@ type Server struct {
 	mu      sync.Mutex
 	cfg     *allot.Config      // the configuration in force (SetConfig replaces it)
 	leading map[string]*driver // domain → its driver, while this server leads it
+	// reloaded holds the Fleet of a domain whose driver stopped for a new
+	// configuration, which the next term continues (the instances it knew
+	// are all there is: no quiet period).
+	reloaded map[string]*coordinator.Fleet
 }
 
 // errReload stops a driver so that it starts again with a new configuration.
@@ -85,7 +94,7 @@ func New(opts Options) (*Server, error) {
 		log:     opts.Logger,
 		metrics: newMetrics(opts.Registry),
 		cfg:     opts.Config,
-		leading: make(map[string]*driver),
+		leading: make(map[string]*driver), reloaded: make(map[string]*coordinator.Fleet),
 	}, nil
 }
 
@@ -178,20 +187,20 @@ func (s *Server) lead(ctx context.Context, domain string, lead *etcdstore.Leader
 	}
 	cfg := s.opts.Coordinator
 	cfg.Domain, cfg.Term = s.config().Domain(domain), lead.Term
-	co, err := coordinator.New(s.opts.Now(), cfg, snap)
+	s.mu.Lock()
+	prev := s.reloaded[domain]
+	delete(s.reloaded, domain)
+	s.mu.Unlock()
+	fleet, err := coordinator.NewFleet(s.opts.Now(), coordinator.FleetConfig{Coordinator: cfg, GrantTTL: s.opts.GrantTTL, MaxSkew: s.opts.MaxSkew}, snap, prev)
 	if err != nil {
 		return err
 	}
 	d := &driver{
-		s: s, domain: domain, lead: lead, co: co,
+		s: s, domain: domain, lead: lead, fleet: fleet,
 		inbox:   make(chan inbound, 1024),
 		reload:  make(chan struct{}),
-		streams: make(map[string][]*regionStream),
-		regions: make(map[string]*regionState),
+		streams: make(map[streamID]*regionStream),
 		done:    make(chan struct{}),
-	}
-	for _, l := range cfg.Domain.Limits {
-		d.limits = append(d.limits, l.Name)
 	}
 	s.mu.Lock()
 	s.leading[domain] = d
@@ -205,7 +214,13 @@ func (s *Server) lead(ctx context.Context, domain string, lead *etcdstore.Leader
 		s.metrics.leader(domain, false)
 		close(d.done)
 	}()
-	return d.run(ctx)
+	err = d.run(ctx)
+	if errors.Is(err, errReload) {
+		s.mu.Lock()
+		s.reloaded[domain] = d.fleet // run has returned: the Fleet is no longer used
+		s.mu.Unlock()
+	}
+	return err
 }
 
 func (s *Server) driverOf(domain string) *driver {
@@ -233,8 +248,9 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 		return status.Errorf(codes.InvalidArgument, "region %q is not a region of domain %q", hello.GetRegion(), hello.GetDomain())
 	}
 	// Each instance of a region has a stream of its own; the Hello's
-	// assignment, if any, counts as acked by this instance.
-	rs := d.attach(hello.GetRegion(), hello.GetTerm(), hello.GetVersion())
+	// assignment and grant, if any, count as acked by this instance.
+	rs := d.attach(hello.GetRegion(), hello.GetInstance(),
+		coordinator.Ack{Term: hello.GetTerm(), Version: hello.GetVersion(), Seq: hello.GetGrantSeq()}, wire.FromWeights(hello.GetWeights()))
 	defer d.detach(rs)
 	errc := make(chan error, 2)
 	go func() {
@@ -247,6 +263,9 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 				}
 			case <-rs.closed:
 				errc <- status.Errorf(codes.Unavailable, "leadership of domain %q moved; reconnect", d.domain)
+				return
+			case <-rs.kicked:
+				errc <- status.Errorf(codes.Unavailable, "too slow to take a full grant of domain %q; reconnect", d.domain)
 				return
 			case <-stream.Context().Done():
 				return

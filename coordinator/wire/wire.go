@@ -28,21 +28,64 @@ func Report(r coordinator.Report) *allotv1.RegionMessage {
 
 // Ack converts an ack for the wire.
 func Ack(a coordinator.Ack) *allotv1.RegionMessage {
-	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Ack{Ack: &allotv1.AssignmentAck{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version}}}
+	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Ack{Ack: &allotv1.AssignmentAck{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, GrantSeq: a.Seq}}}
+}
+
+// Hello converts an instance's hello (its latest ack and the weights it
+// holds) for the wire.
+func Hello(a coordinator.Ack, weights []coordinator.Weight) *allotv1.RegionMessage {
+	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Hello{Hello: &allotv1.Hello{
+		Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, GrantSeq: a.Seq, Weights: weightsOut(weights)}}}
+}
+
+func weightsOut(ws []coordinator.Weight) []*allotv1.Weight {
+	out := make([]*allotv1.Weight, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, &allotv1.Weight{Limit: w.Limit, Value: w.Value})
+	}
+	return out
+}
+
+// FromWeights converts weights from the wire.
+func FromWeights(ws []*allotv1.Weight) []coordinator.Weight {
+	var out []coordinator.Weight
+	for _, w := range ws {
+		out = append(out, coordinator.Weight{Limit: w.GetLimit(), Value: w.GetValue()})
+	}
+	return out
 }
 
 // Assignment converts an assignment for the wire.
 func Assignment(a coordinator.Assignment) *allotv1.CoordinatorMessage {
-	pa := &allotv1.ShareAssignment{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version}
-	for _, s := range a.Shares {
-		pa.Shares = append(pa.Shares, &allotv1.Share{Limit: s.Limit, Key: s.Key, Value: s.Value})
+	return AssignmentWith(a, Shares(a.Shares))
+}
+
+// Shares converts shares for the wire, once for the many assignments (one
+// per instance of a region) that carry the same ones.
+func Shares(shares []coordinator.Share) []*allotv1.Share {
+	out := make([]*allotv1.Share, 0, len(shares))
+	for _, s := range shares {
+		out = append(out, &allotv1.Share{Limit: s.Limit, Key: s.Key, Value: s.Value})
+	}
+	return out
+}
+
+// AssignmentWith converts an assignment for the wire with its shares
+// converted already (Shares); the messages share them, read-only.
+func AssignmentWith(a coordinator.Assignment, shares []*allotv1.Share) *allotv1.CoordinatorMessage {
+	pa := &allotv1.ShareAssignment{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, Shares: shares}
+	if g := a.Grant; g != nil {
+		pa.Grant = &allotv1.Grant{Seq: g.Seq, Expires: timestamppb.New(g.Expires), Full: g.Full, Weights: weightsOut(g.Weights)}
 	}
 	return &allotv1.CoordinatorMessage{Msg: &allotv1.CoordinatorMessage_Assignment{Assignment: pa}}
 }
 
 // FromAssignment converts an assignment from the wire.
 func FromAssignment(pa *allotv1.ShareAssignment) coordinator.Assignment {
-	a := coordinator.Assignment{Domain: pa.GetDomain(), Region: pa.GetRegion(), Term: pa.GetTerm(), Version: pa.GetVersion()}
+	a := coordinator.Assignment{Domain: pa.GetDomain(), Region: pa.GetRegion(), Term: pa.GetTerm(), Version: pa.GetVersion(), Instance: pa.GetInstance()}
+	if g := pa.GetGrant(); g != nil {
+		a.Grant = &coordinator.Grant{Seq: g.GetSeq(), Expires: g.GetExpires().AsTime(), Full: g.GetFull(), Weights: FromWeights(g.GetWeights())}
+	}
 	for _, s := range pa.GetShares() {
 		a.Shares = append(a.Shares, coordinator.Share{Limit: s.GetLimit(), Key: s.GetKey(), Value: s.GetValue()})
 	}
@@ -75,7 +118,7 @@ func FromRegion(domain, region string, m *allotv1.RegionMessage) (coordinator.Me
 		if a.GetDomain() != domain || a.GetRegion() != region {
 			return nil, fmt.Errorf("ack for %s/%s on the stream of %s/%s", a.GetDomain(), a.GetRegion(), domain, region)
 		}
-		return coordinator.Ack{Domain: domain, Region: region, Term: a.GetTerm(), Version: a.GetVersion()}, nil
+		return coordinator.Ack{Domain: domain, Region: region, Term: a.GetTerm(), Version: a.GetVersion(), Seq: a.GetGrantSeq()}, nil
 	}
 	return nil, fmt.Errorf("a message that is neither a report nor an ack")
 }

@@ -1,8 +1,8 @@
 package coordclient
 
-// Applied returns the term and version of the latest assignment the
-// region applied for domain (those of the persisted snapshot it started
-// from until one arrives), or zeros for a domain it does not link.
+// Applied returns the term and version of the latest assignment this
+// instance applied for domain, or zeros for none or a domain it does not
+// link.
 func (c *Client) Applied(domain string) (term int64, version uint64) {
 	c.mu.Lock()
 	l := c.domains[domain]
@@ -12,5 +12,6 @@ func (c *Client) Applied(domain string) (term int64, version uint64) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.applier.Applied()
+	ack, _ := l.inst.Hello()
+	return ack.Term, ack.Version
 }

@@ -1,22 +1,28 @@
-// Package coordclient is a regional enforcer's link to the coordinators:
-// it reports the engine's demand, applies the assignments it receives
-// (lowerings first, through coordinator.Applier) and acknowledges them.
-// It never blocks a decision: the engine keeps enforcing its current
-// shares whatever happens to the link.
+// Package coordclient is a regional enforcer instance's link to the
+// coordinators: it reports the engine's demand, applies the assignments
+// and grants it receives (lowerings first, through coordinator.Instance)
+// and acknowledges them. It never blocks a decision: the engine keeps
+// enforcing what the instance holds whatever happens to the link.
 //
-// On start it applies the latest assignment persisted in etcd, when a
-// snapshot source is given, or else the initial split
-// (coordinator.InitialShares); then it keeps one Connect stream per domain
-// to whichever coordinator leads it, reconnecting with backoff.
+// An instance names itself (Options.Instance, or an id made at start, so
+// a restarted process is a new instance). It starts holding nothing of a
+// coordinated domain: every share is 0 until the coordinator's first full
+// grant (Ready says when every domain has one), and a grant not renewed
+// before it expires takes the instance back to nothing. It keeps one
+// Connect stream per domain to whichever coordinator leads it,
+// reconnecting with backoff.
 package coordclient
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -37,13 +43,14 @@ import (
 // Options configure a Client.
 type Options struct {
 	Region string
-	Engine *regional.Engine
+	// Instance names this instance to the coordinator; it must be unique
+	// in the region and is kept across reconnects. Empty: the host name and
+	// a random suffix, new at every start.
+	Instance string
+	Engine   *regional.Engine
 	// Addrs are the coordinators' gRPC addresses; the client tries them in
 	// turn until one leads the domain.
 	Addrs []string
-	// Snapshot reads a domain's persisted assignments (from etcd); nil
-	// starts from the initial split.
-	Snapshot func(ctx context.Context, domain string) (coordinator.Snapshot, error)
 	// ReportEvery is the report interval (default 1s).
 	ReportEvery time.Duration
 	Logger      *slog.Logger
@@ -65,9 +72,10 @@ type Client struct {
 // link is one domain's state.
 type link struct {
 	domain  string
-	applier *coordinator.Applier // guarded by mu
 	mu      sync.Mutex
+	inst    *coordinator.Instance // guarded by mu
 	reports chan coordinator.Report
+	renewed chan struct{} // a grant with a new expiry was applied
 }
 
 // New returns a Client; Run starts it.
@@ -84,7 +92,10 @@ func New(opts Options) (*Client, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	c := &Client{opts: opts, log: opts.Logger.With("region", opts.Region), metrics: newMetrics(opts.Registry), domains: map[string]*link{}}
+	if opts.Instance == "" {
+		opts.Instance = NewInstanceID()
+	}
+	c := &Client{opts: opts, log: opts.Logger.With("instance", opts.Instance), metrics: newMetrics(opts.Registry), domains: map[string]*link{}}
 	for _, a := range opts.Addrs {
 		// A coordinator back from a partition or a restart is redialled
 		// within a second, not gRPC's default of up to two minutes.
@@ -109,34 +120,70 @@ func (c *Client) Close() {
 	}
 }
 
-// Start applies, for every domain of the engine's configuration that
-// lists this region, the persisted assignment (or the initial split) to
-// the engine. Call it before the region serves traffic, then Run.
+// NewInstanceID returns an instance id: the host name and a random
+// suffix.
+func NewInstanceID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s-%x", cmp.Or(host, "instance"), b)
+}
+
+// Instance returns the id this instance has at the coordinator.
+func (c *Client) Instance() string { return c.opts.Instance }
+
+// Start sets, for every domain of the engine's configuration that lists
+// this region, every share of the engine to nothing: the instance holds
+// nothing until the coordinator grants it a part. Call it before the
+// region serves traffic, then Run.
 func (c *Client) Start(ctx context.Context) error {
-	// A limit that a later configuration adds starts at this region's
-	// initial split, not at the whole limit, until it is assigned.
+	// A limit that a later configuration adds is held at nothing until
+	// assigned (a domain that does not list this region is enforced whole).
 	c.opts.Engine.SetInitialShare(func(d *allot.Domain, l *allot.Limit) float64 {
-		i := slices.Index(d.Regions, c.opts.Region)
-		if i < 0 {
-			return 1 // a domain this region enforces alone
+		if slices.Contains(d.Regions, c.opts.Region) {
+			return 0
 		}
-		return coordinator.InitialShares(l.Floors, d.Regions)[i]
+		return 1
 	})
 	for _, d := range c.opts.Engine.Config().Domains {
-		if slices.Contains(d.Regions, c.opts.Region) {
-			if _, err := c.start(ctx, d); err != nil {
-				return err
-			}
+		if !slices.Contains(d.Regions, c.opts.Region) {
+			continue
+		}
+		inst, err := coordinator.NewInstance(d, c.opts.Region, c.opts.Instance)
+		if err != nil {
+			return err
+		}
+		l := &link{domain: d.Name, inst: inst, reports: make(chan coordinator.Report, 1), renewed: make(chan struct{}, 1)}
+		c.apply(l, inst.Shares()) // every share to 0
+		c.mu.Lock()
+		c.domains[d.Name] = l
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// Ready returns nil once every linked domain holds a grant with a part of
+// each of its local limits, or an error that names the first domain that
+// does not: an instance that holds nothing rejects every request of it.
+func (c *Client) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(c.domains)) {
+		l := c.domains[name]
+		l.mu.Lock()
+		held := l.inst.Serving()
+		l.mu.Unlock()
+		if !held {
+			return fmt.Errorf("no grant from the coordinator of domain %s yet", name)
 		}
 	}
 	return nil
 }
 
-// Reconfigure follows a new configuration of the engine: every linked
-// domain's Applier is rebuilt from the latest persisted assignment, so
-// that assignments of limits the configuration added are accepted. Call
-// it after the engine's SetConfig. A domain added to the configuration is
-// linked at the next start.
+// Reconfigure follows a new configuration of the engine: limits it adds
+// are held at nothing until assigned. Call it after the engine's
+// SetConfig. A domain added to the configuration is linked at the next
+// start.
 func (c *Client) Reconfigure(ctx context.Context) error {
 	var errs []error
 	for _, d := range c.opts.Engine.Config().Domains {
@@ -146,14 +193,14 @@ func (c *Client) Reconfigure(ctx context.Context) error {
 		if l == nil {
 			continue
 		}
-		app, err := c.applier(ctx, d)
+		l.mu.Lock()
+		shares, err := l.inst.Reconfigure(d)
+		l.mu.Unlock()
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		l.mu.Lock()
-		l.applier = app
-		l.mu.Unlock()
+		c.apply(l, shares)
 	}
 	return errors.Join(errs...)
 }
@@ -167,57 +214,51 @@ func (c *Client) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, l := range links {
 		wg.Go(func() { c.stream(ctx, l) })
+		wg.Go(func() { c.expire(ctx, l) })
 	}
 	wg.Go(func() { c.report(ctx) })
 	wg.Wait()
 	return ctx.Err()
 }
 
-// start applies the domain's persisted (or initial) shares to the engine.
-func (c *Client) start(ctx context.Context, d *allot.Domain) (*link, error) {
-	app, err := c.applier(ctx, d)
-	if err != nil {
-		return nil, err
+// expire drops the domain's shares to nothing when its grant expires
+// without a renewal.
+func (c *Client) expire(ctx context.Context, l *link) {
+	for {
+		l.mu.Lock()
+		at := l.inst.Expires()
+		l.mu.Unlock()
+		wait := time.Hour
+		if !at.IsZero() {
+			wait = max(at.Sub(c.opts.Now()), time.Millisecond)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-l.renewed:
+			t.Stop()
+			continue
+		case <-t.C:
+		}
+		l.mu.Lock()
+		shares := l.inst.Expire(c.opts.Now())
+		l.mu.Unlock()
+		if len(shares) > 0 {
+			c.metrics.expired(l.domain)
+			c.log.Warn("grant expired without a renewal: holding nothing until the coordinator grants again", "domain", l.domain)
+		}
+		c.apply(l, shares)
 	}
-	l := &link{domain: d.Name, applier: app, reports: make(chan coordinator.Report, 1)}
-	c.mu.Lock()
-	c.domains[d.Name] = l
-	c.mu.Unlock()
-	return l, nil
 }
 
-// applier reads the domain's persisted assignment (or none), applies its
-// shares to the engine and returns the Applier that continues from it.
-func (c *Client) applier(ctx context.Context, d *allot.Domain) (*coordinator.Applier, error) {
-	var snap coordinator.Snapshot
-	if c.opts.Snapshot != nil {
-		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		s, err := c.opts.Snapshot(sctx, d.Name)
-		cancel()
-		if err != nil {
-			// Starting from the initial split could take back share the
-			// coordinator gave to others: refuse rather than guess.
-			return nil, fmt.Errorf("coordclient: read the assignments of %s: %w", d.Name, err)
-		}
-		snap = s
-	}
-	app, err := coordinator.NewApplier(d, c.opts.Region, snap)
-	if err != nil {
-		return nil, err
-	}
+// apply sets shares, in order, in the engine.
+func (c *Client) apply(l *link, shares []coordinator.Share) {
 	now := c.opts.Now()
-	for _, l := range d.Limits {
-		if err := c.opts.Engine.SetShare(now, d.Name, l.Name, app.Share(l.Name, "")); err != nil {
-			return nil, err
-		}
+	for _, s := range shares {
+		c.setShare(now, l.domain, s)
 	}
-	for _, rec := range snap.Records {
-		if rec.Key != "" && rec.Cells != nil {
-			c.setShare(now, d.Name, coordinator.Share{Limit: rec.Limit, Key: rec.Key, Value: app.Share(rec.Limit, rec.Key)})
-		}
-	}
-	c.log.Info("shares applied from the persisted assignment", "domain", d.Name, "term", snap.Term, "version", snap.Version)
-	return app, nil
 }
 
 func (c *Client) setShare(now time.Time, domain string, s coordinator.Share) {
@@ -248,7 +289,7 @@ func (c *Client) report(ctx context.Context) {
 		for _, d := range c.opts.Engine.Demand() {
 			r := byDomain[d.Domain]
 			if r == nil {
-				r = &coordinator.Report{Domain: d.Domain, Region: c.opts.Region, At: now}
+				r = &coordinator.Report{Domain: d.Domain, Region: c.opts.Region, Instance: c.opts.Instance, At: now}
 				byDomain[d.Domain] = r
 			}
 			if n := len(r.Limits); n == 0 || r.Limits[n-1].Limit != d.Limit {
@@ -265,7 +306,7 @@ func (c *Client) report(ctx context.Context) {
 		for name, l := range c.domains {
 			r := byDomain[name]
 			if r == nil {
-				r = &coordinator.Report{Domain: name, Region: c.opts.Region, At: now} // an empty report says "alive"
+				r = &coordinator.Report{Domain: name, Region: c.opts.Region, Instance: c.opts.Instance, At: now} // an empty report says "alive"
 			}
 			select {
 			case <-l.reports: // drop the unsent older one
@@ -308,10 +349,10 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 		return err
 	}
 	l.mu.Lock()
-	term, version := l.applier.Applied()
+	l.inst.Reconnect()
+	hello, weights := l.inst.Hello()
 	l.mu.Unlock()
-	hello := &allotv1.Hello{Domain: l.domain, Region: c.opts.Region, Term: term, Version: version}
-	if err := st.Send(&allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Hello{Hello: hello}}); err != nil {
+	if err := st.Send(wire.Hello(hello, weights)); err != nil {
 		return err
 	}
 	c.metrics.connected(l.domain, true)
@@ -330,7 +371,7 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 				continue
 			}
 			if a := m.GetAssignment(); a != nil {
-				if ack, ok := c.apply(l, a); ok {
+				if ack, ok := c.assign(l, a); ok {
 					applied = true
 					select {
 					case acks <- ack:
@@ -359,20 +400,24 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 	}
 }
 
-// apply applies one assignment to the engine, lowerings first.
-func (c *Client) apply(l *link, pa *allotv1.ShareAssignment) (coordinator.Ack, bool) {
+// assign applies one assignment to the engine, lowerings first.
+func (c *Client) assign(l *link, pa *allotv1.ShareAssignment) (coordinator.Ack, bool) {
 	a := wire.FromAssignment(pa)
+	now := c.opts.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	shares, ack, err := l.applier.Apply(a)
+	shares, ack, err := l.inst.Apply(now, a)
+	if err == nil {
+		c.apply(l, shares) // under mu: the next assignment applies after this one
+	}
+	l.mu.Unlock()
 	if err != nil {
 		c.metrics.refused(l.domain)
 		c.log.Debug("assignment not applied", "domain", l.domain, "term", a.Term, "version", a.Version, "err", err)
 		return coordinator.Ack{}, false
 	}
-	now := c.opts.Now()
-	for _, s := range shares {
-		c.setShare(now, l.domain, s)
+	select {
+	case l.renewed <- struct{}{}:
+	default:
 	}
 	c.metrics.applied(l.domain, a.Term, a.Version, now)
 	return ack, true

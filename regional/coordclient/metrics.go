@@ -12,6 +12,7 @@ type metrics struct {
 	appliedAt *prometheus.GaugeVec   // domain
 	up        *prometheus.GaugeVec   // domain
 	refusals  *prometheus.CounterVec // domain
+	expiries  *prometheus.CounterVec // domain
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -28,9 +29,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_regional_assignments_refused_total", Help: "Assignments not applied (stale or malformed).",
 		}, []string{"domain"}),
+		expiries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_regional_grant_expiries_total", Help: "Grants that expired without a renewal: the instance held nothing of the domain until granted again.",
+		}, []string{"domain"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.version, m.appliedAt, m.up, m.refusals)
+		reg.MustRegister(m.version, m.appliedAt, m.up, m.refusals, m.expiries)
 	}
 	return m
 }
@@ -49,3 +53,5 @@ func (m *metrics) connected(domain string, up bool) {
 }
 
 func (m *metrics) refused(domain string) { m.refusals.WithLabelValues(domain).Inc() }
+
+func (m *metrics) expired(domain string) { m.expiries.WithLabelValues(domain).Inc() }

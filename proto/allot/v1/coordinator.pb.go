@@ -248,14 +248,23 @@ func (x *Rejection) GetMessage() string {
 	return ""
 }
 
-// Hello opens a stream: the region and the latest assignment it applied,
-// so that the coordinator resumes from there.
+// Hello opens a stream: the region, the instance, and the latest
+// assignment and grant it applied, so that the coordinator resumes from
+// there. An instance keeps its id across reconnects (a new process takes a
+// new one); a Hello without an instance comes from an enforcer that does
+// not know instances, which the coordinator counts as holding its region's
+// whole share.
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
-	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
-	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
-	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Domain   string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Region   string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Term     int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	Version  uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	Instance string                 `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
+	GrantSeq uint64                 `protobuf:"varint,6,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"`
+	// weights the instance holds from its latest grant, which a new leader
+	// keeps as they are until what every instance holds is known again
+	Weights       []*Weight `protobuf:"bytes,7,rep,name=weights,proto3" json:"weights,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,6 +325,27 @@ func (x *Hello) GetVersion() uint64 {
 		return x.Version
 	}
 	return 0
+}
+
+func (x *Hello) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *Hello) GetGrantSeq() uint64 {
+	if x != nil {
+		return x.GrantSeq
+	}
+	return 0
+}
+
+func (x *Hello) GetWeights() []*Weight {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
 }
 
 // DemandReport is a region's traffic since its previous report: per limit,
@@ -527,12 +557,16 @@ func (x *KeyDemand) GetNearLimit() bool {
 // ShareAssignment carries the shares a region must apply. term is the
 // leader's election revision; regions ignore older terms and versions.
 type ShareAssignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
-	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
-	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
-	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
-	Shares        []*Share               `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Domain  string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Region  string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Term    int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	Version uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	Shares  []*Share               `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
+	// instance and grant are set by a coordinator that knows instances:
+	// what this instance of the region may use, and until when.
+	Instance      string `protobuf:"bytes,6,opt,name=instance,proto3" json:"instance,omitempty"`
+	Grant         *Grant `protobuf:"bytes,7,opt,name=grant,proto3" json:"grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -602,6 +636,147 @@ func (x *ShareAssignment) GetShares() []*Share {
 	return nil
 }
 
+func (x *ShareAssignment) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *ShareAssignment) GetGrant() *Grant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
+// Grant is one instance's part of its region's allowance. seq increases
+// with every grant to the instance within a term. After expires (the
+// coordinator's clock) the instance holds nothing until granted again. A
+// full grant carries every share of the region, not only the changed ones:
+// an instance applies nothing else before its first full grant.
+type Grant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Expires       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires,proto3" json:"expires,omitempty"`
+	Weights       []*Weight              `protobuf:"bytes,3,rep,name=weights,proto3" json:"weights,omitempty"`
+	Full          bool                   `protobuf:"varint,4,opt,name=full,proto3" json:"full,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Grant) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Grant) GetExpires() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Expires
+	}
+	return nil
+}
+
+func (x *Grant) GetWeights() []*Weight {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
+func (x *Grant) GetFull() bool {
+	if x != nil {
+		return x.Full
+	}
+	return false
+}
+
+// Weight is an instance's part, in [0, 1], of its region's share of a
+// split-mode local limit (and of its hot keys).
+type Weight struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Limit         string                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Value         float64                `protobuf:"fixed64,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Weight) Reset() {
+	*x = Weight{}
+	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Weight) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Weight) ProtoMessage() {}
+
+func (x *Weight) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Weight.ProtoReflect.Descriptor instead.
+func (*Weight) Descriptor() ([]byte, []int) {
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Weight) GetLimit() string {
+	if x != nil {
+		return x.Limit
+	}
+	return ""
+}
+
+func (x *Weight) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
 // Share is a region's share of a limit's default vector (empty key) or of
 // one hot key; -1 makes a key follow the default vector again.
 type Share struct {
@@ -615,7 +790,7 @@ type Share struct {
 
 func (x *Share) Reset() {
 	*x = Share{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +802,7 @@ func (x *Share) String() string {
 func (*Share) ProtoMessage() {}
 
 func (x *Share) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +815,7 @@ func (x *Share) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Share.ProtoReflect.Descriptor instead.
 func (*Share) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Share) GetLimit() string {
@@ -670,13 +845,14 @@ type AssignmentAck struct {
 	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
 	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
 	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	GrantSeq      uint64                 `protobuf:"varint,5,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"` // latest grant of this term applied (0: none)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AssignmentAck) Reset() {
 	*x = AssignmentAck{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +864,7 @@ func (x *AssignmentAck) String() string {
 func (*AssignmentAck) ProtoMessage() {}
 
 func (x *AssignmentAck) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +877,7 @@ func (x *AssignmentAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentAck.ProtoReflect.Descriptor instead.
 func (*AssignmentAck) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AssignmentAck) GetDomain() string {
@@ -732,6 +908,13 @@ func (x *AssignmentAck) GetVersion() uint64 {
 	return 0
 }
 
+func (x *AssignmentAck) GetGrantSeq() uint64 {
+	if x != nil {
+		return x.GrantSeq
+	}
+	return 0
+}
+
 var File_allot_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_allot_v1_coordinator_proto_rawDesc = "" +
@@ -749,12 +932,15 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\trejection\x18\x02 \x01(\v2\x13.allot.v1.RejectionH\x00R\trejectionB\x05\n" +
 	"\x03msg\"%\n" +
 	"\tRejection\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage\"e\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\xca\x01\n" +
 	"\x05Hello\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"\x99\x01\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x1a\n" +
+	"\binstance\x18\x05 \x01(\tR\binstance\x12\x1b\n" +
+	"\tgrant_seq\x18\x06 \x01(\x04R\bgrantSeq\x12*\n" +
+	"\aweights\x18\a \x03(\v2\x10.allot.v1.WeightR\aweights\"\x99\x01\n" +
 	"\fDemandReport\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12*\n" +
@@ -770,22 +956,33 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\badmitted\x18\x02 \x01(\x01R\badmitted\x12\x1a\n" +
 	"\brejected\x18\x03 \x01(\x01R\brejected\x12\x1d\n" +
 	"\n" +
-	"near_limit\x18\x04 \x01(\bR\tnearLimit\"\x98\x01\n" +
+	"near_limit\x18\x04 \x01(\bR\tnearLimit\"\xdb\x01\n" +
 	"\x0fShareAssignment\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12'\n" +
-	"\x06shares\x18\x05 \x03(\v2\x0f.allot.v1.ShareR\x06shares\"E\n" +
+	"\x06shares\x18\x05 \x03(\v2\x0f.allot.v1.ShareR\x06shares\x12\x1a\n" +
+	"\binstance\x18\x06 \x01(\tR\binstance\x12%\n" +
+	"\x05grant\x18\a \x01(\v2\x0f.allot.v1.GrantR\x05grant\"\x8f\x01\n" +
+	"\x05Grant\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x124\n" +
+	"\aexpires\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12*\n" +
+	"\aweights\x18\x03 \x03(\v2\x10.allot.v1.WeightR\aweights\x12\x12\n" +
+	"\x04full\x18\x04 \x01(\bR\x04full\"4\n" +
+	"\x06Weight\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value\"E\n" +
 	"\x05Share\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\x01R\x05value\"m\n" +
+	"\x05value\x18\x03 \x01(\x01R\x05value\"\x8a\x01\n" +
 	"\rAssignmentAck\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion2S\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x1b\n" +
+	"\tgrant_seq\x18\x05 \x01(\x04R\bgrantSeq2S\n" +
 	"\vCoordinator\x12D\n" +
 	"\aConnect\x12\x17.allot.v1.RegionMessage\x1a\x1c.allot.v1.CoordinatorMessage(\x010\x01B3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
@@ -801,7 +998,7 @@ func file_allot_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_allot_v1_coordinator_proto_rawDescData
 }
 
-var file_allot_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_allot_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_allot_v1_coordinator_proto_goTypes = []any{
 	(*RegionMessage)(nil),         // 0: allot.v1.RegionMessage
 	(*CoordinatorMessage)(nil),    // 1: allot.v1.CoordinatorMessage
@@ -811,27 +1008,33 @@ var file_allot_v1_coordinator_proto_goTypes = []any{
 	(*LimitDemand)(nil),           // 5: allot.v1.LimitDemand
 	(*KeyDemand)(nil),             // 6: allot.v1.KeyDemand
 	(*ShareAssignment)(nil),       // 7: allot.v1.ShareAssignment
-	(*Share)(nil),                 // 8: allot.v1.Share
-	(*AssignmentAck)(nil),         // 9: allot.v1.AssignmentAck
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*Grant)(nil),                 // 8: allot.v1.Grant
+	(*Weight)(nil),                // 9: allot.v1.Weight
+	(*Share)(nil),                 // 10: allot.v1.Share
+	(*AssignmentAck)(nil),         // 11: allot.v1.AssignmentAck
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_allot_v1_coordinator_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.RegionMessage.hello:type_name -> allot.v1.Hello
 	4,  // 1: allot.v1.RegionMessage.report:type_name -> allot.v1.DemandReport
-	9,  // 2: allot.v1.RegionMessage.ack:type_name -> allot.v1.AssignmentAck
+	11, // 2: allot.v1.RegionMessage.ack:type_name -> allot.v1.AssignmentAck
 	7,  // 3: allot.v1.CoordinatorMessage.assignment:type_name -> allot.v1.ShareAssignment
 	2,  // 4: allot.v1.CoordinatorMessage.rejection:type_name -> allot.v1.Rejection
-	10, // 5: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
-	5,  // 6: allot.v1.DemandReport.limits:type_name -> allot.v1.LimitDemand
-	6,  // 7: allot.v1.LimitDemand.keys:type_name -> allot.v1.KeyDemand
-	8,  // 8: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
-	0,  // 9: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
-	1,  // 10: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 5: allot.v1.Hello.weights:type_name -> allot.v1.Weight
+	12, // 6: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
+	5,  // 7: allot.v1.DemandReport.limits:type_name -> allot.v1.LimitDemand
+	6,  // 8: allot.v1.LimitDemand.keys:type_name -> allot.v1.KeyDemand
+	10, // 9: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
+	8,  // 10: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
+	12, // 11: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
+	9,  // 12: allot.v1.Grant.weights:type_name -> allot.v1.Weight
+	0,  // 13: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
+	1,  // 14: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
+	14, // [14:15] is the sub-list for method output_type
+	13, // [13:14] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_coordinator_proto_init() }
@@ -854,7 +1057,7 @@ func file_allot_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_coordinator_proto_rawDesc), len(file_allot_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

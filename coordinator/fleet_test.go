@@ -1,0 +1,357 @@
+package coordinator
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/allot-dev/allot"
+)
+
+const fleetConfig = `
+domain: api
+regions: [us-east, eu-west]
+limits:
+  - {name: loc, match: {}, rate: 1000/1s}
+  - {name: ex, match: {}, rate: 1000/1s, enforcement: exact}
+`
+
+// fleetWorld is a Fleet and its instances, with in-order delivery per
+// instance: a test decides when messages arrive.
+type fatalf interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
+type fleetWorld struct {
+	t     fatalf
+	now   time.Time
+	f     *Fleet
+	insts map[string]*fleetInst // by id
+}
+
+type fleetInst struct {
+	region, id string
+	x          *Instance
+	up         bool         // connected
+	inbox      []Assignment // from the Fleet, not yet applied
+	applied    map[keyID]float64
+	reported   time.Time // At of its latest report
+}
+
+func newFleetWorld(t testing.TB, prev *Fleet) *fleetWorld {
+	cfg, err := allot.ParseConfig("fleet.yaml", []byte(fleetConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	term := int64(5)
+	if prev != nil {
+		term = prev.co.term + 1
+	}
+	f, err := NewFleet(now, FleetConfig{Coordinator: Config{Domain: cfg.Domain("api"), Term: term, Period: time.Second, DeadAfter: 3 * time.Second},
+		GrantTTL: 5 * time.Second, MaxSkew: 500 * time.Millisecond}, Snapshot{}, prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleetWorld{t: t, now: now, f: f, insts: map[string]*fleetInst{}}
+}
+
+func (w *fleetWorld) dom() *allot.Domain { return w.f.dom }
+
+func (w *fleetWorld) out(rd Ready) {
+	for _, a := range rd.Send {
+		if in := w.insts[a.Instance]; in != nil && in.up {
+			in.inbox = append(in.inbox, a)
+		}
+	}
+}
+
+func (w *fleetWorld) start(region, id string) *fleetInst {
+	x, err := NewInstance(w.dom(), region, id)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	in := &fleetInst{region: region, id: id, x: x, applied: map[keyID]float64{}}
+	in.apply(x.Shares())
+	w.insts[id] = in
+	return in
+}
+
+func (in *fleetInst) apply(shares []Share) {
+	for _, s := range shares {
+		id := keyID{s.Limit, s.Key}
+		if s.Value == Follow {
+			delete(in.applied, id)
+		} else {
+			in.applied[id] = s.Value
+		}
+	}
+}
+
+func (w *fleetWorld) connect(in *fleetInst) {
+	in.up = true
+	in.x.Reconnect()
+	hello, ws := in.x.Hello()
+	rd, err := w.f.Attach(w.now, in.region, in.id, false, hello, ws)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.out(rd)
+}
+
+func (w *fleetWorld) cut(in *fleetInst) {
+	in.up, in.inbox = false, nil
+	w.out(w.f.Detach(w.now, in.region, in.id))
+}
+
+// deliver applies in's pending assignments and acks them.
+func (w *fleetWorld) deliver(in *fleetInst) {
+	for len(in.inbox) > 0 && in.up {
+		a := in.inbox[0]
+		in.inbox = in.inbox[1:]
+		shares, ack, err := in.x.Apply(w.now, a)
+		if err != nil {
+			continue
+		}
+		in.apply(shares)
+		ack.Instance = in.id
+		rd, err := w.f.Step(w.now, ack)
+		if err != nil {
+			w.t.Fatalf("ack of %s refused: %v", in.id, err)
+		}
+		w.out(rd)
+	}
+}
+
+func (w *fleetWorld) report(in *fleetInst, loc float64) {
+	if !in.up || !w.now.After(in.reported) {
+		return
+	}
+	in.reported = w.now
+	rd, err := w.f.Step(w.now, Report{Domain: "api", Region: in.region, Instance: in.id, At: w.now,
+		Limits: []LimitDemand{{Limit: "loc", Admitted: loc}, {Limit: "ex", Admitted: loc}}})
+	if err != nil {
+		w.t.Fatalf("report of %s refused: %v", in.id, err)
+	}
+	w.out(rd)
+}
+
+func (w *fleetWorld) advance(d time.Duration) {
+	w.now = w.now.Add(d)
+	for _, in := range w.insts {
+		in.apply(in.x.Expire(w.now))
+	}
+	w.out(w.f.Tick(w.now))
+}
+
+// check fails if what every instance applies exceeds the limit: for the
+// local limit, the sum over every instance of every region; for the exact
+// one (counted in a regional store), the sum over regions of the largest
+// share any instance of the region applies.
+func (w *fleetWorld) check(what string) {
+	w.t.Helper()
+	loc, ex := 0.0, map[string]float64{}
+	for _, in := range w.insts {
+		loc += in.applied[keyID{limit: "loc"}]
+		ex[in.region] = max(ex[in.region], in.applied[keyID{limit: "ex"}])
+	}
+	if loc > 1+1e-6 || ex["us-east"]+ex["eu-west"] > 1+1e-6 {
+		w.t.Fatalf("%s: applied shares sum above 1: local %v, exact %v", what, loc, ex)
+	}
+}
+
+func (w *fleetWorld) loc(in *fleetInst) float64 { return in.applied[keyID{limit: "loc"}] }
+
+// run delivers everything and ticks for d, with instances reporting their
+// demand every tick.
+func (w *fleetWorld) run(d time.Duration, demand map[*fleetInst]float64) {
+	for end := w.now.Add(d); w.now.Before(end); {
+		for in, n := range demand {
+			w.report(in, n)
+		}
+		for _, in := range w.insts {
+			w.deliver(in)
+		}
+		w.check(w.now.String())
+		w.advance(250 * time.Millisecond)
+		w.check(w.now.String())
+	}
+}
+
+func TestFleetNewInstanceHoldsNothingUntilGranted(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b := w.start("us-east", "a"), w.start("us-east", "b")
+	if got := w.loc(a); got != 0 || a.x.Held() {
+		t.Fatalf("a new instance applies %v (held %v), want nothing", got, a.x.Held())
+	}
+	// Alone in its region, a takes the region's whole part at once.
+	w.connect(a)
+	w.deliver(a)
+	if !a.x.Serving() || w.loc(a) != 0.5 {
+		t.Fatalf("a alone applies %v of the local limit (serving %v), want us-east's whole share 0.5", w.loc(a), a.x.Serving())
+	}
+	// b gets a part only once a has given it up and acked.
+	w.connect(b)
+	w.deliver(b)
+	if got := w.loc(b); got != 0 {
+		t.Fatalf("b applies %v before a gave anything up", got)
+	}
+	w.deliver(a)
+	w.deliver(b)
+	if la, lb := w.loc(a), w.loc(b); lb == 0 || la+lb > 0.5+1e-6 {
+		t.Fatalf("after a acked its lowering, a and b apply %v and %v; want both a part, together at most 0.5", la, lb)
+	}
+}
+
+// A region's local share is divided among its instances by their demand,
+// and what all of them apply never exceeds the region's share.
+func TestFleetDividesALocalShareByDemand(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b, eu := w.start("us-east", "a"), w.start("us-east", "b"), w.start("eu-west", "eu")
+	for _, in := range []*fleetInst{a, b, eu} {
+		w.connect(in)
+	}
+	// The quiet period of a new leader passes first.
+	w.run(8*time.Second, map[*fleetInst]float64{a: 900, b: 100, eu: 0})
+	la, lb := w.loc(a), w.loc(b)
+	if la+lb < 0.8 || la < 2*lb {
+		t.Fatalf("us-east's instances apply %v and %v of the local limit; want most of it, a's part well above b's", la, lb)
+	}
+	if got := a.applied[keyID{limit: "ex"}]; got < 0.8 {
+		t.Fatalf("a applies %v of the exact limit; want the region's whole share", got)
+	}
+	// Demand moves to b: weight follows, with the limit never exceeded.
+	w.run(8*time.Second, map[*fleetInst]float64{a: 100, b: 900, eu: 0})
+	if la, lb := w.loc(a), w.loc(b); lb < 2*la {
+		t.Fatalf("after the shift a and b apply %v and %v; want b's part well above a's", la, lb)
+	}
+}
+
+// An instance cut off from the coordinator while the rest of its region
+// stays connected holds its region's lowering back until its grant has
+// expired; it then holds nothing, and when it reconnects it is brought up
+// to date before it applies anything.
+func TestFleetCutOffInstance(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b, eu := w.start("us-east", "a"), w.start("us-east", "b"), w.start("eu-west", "eu")
+	for _, in := range []*fleetInst{a, b, eu} {
+		w.connect(in)
+	}
+	w.run(10*time.Second, map[*fleetInst]float64{a: 500, b: 500, eu: 0})
+	before := b.applied[keyID{limit: "ex"}]
+	if before < 0.8 {
+		t.Fatalf("us-east applies %v of the exact limit, want most of it", before)
+	}
+	w.cut(b)
+	cutAt := w.now
+	// Demand moves to eu-west. us-east lowers, but eu-west may be raised
+	// only once b's grant has expired: until then b may still apply it.
+	for w.now.Sub(cutAt) < 12*time.Second {
+		w.run(250*time.Millisecond, map[*fleetInst]float64{a: 0, eu: 1000})
+		if w.now.Sub(cutAt) < 4*time.Second && eu.applied[keyID{limit: "ex"}] > 1-before+1e-6 {
+			t.Fatalf("%v after b was cut off, eu-west applies %v while b may still apply %v", w.now.Sub(cutAt), eu.applied[keyID{limit: "ex"}], before)
+		}
+	}
+	if b.x.Held() || b.applied[keyID{limit: "ex"}] != 0 {
+		t.Fatalf("b still holds %v after its grant expired", b.applied[keyID{limit: "ex"}])
+	}
+	if got := eu.applied[keyID{limit: "ex"}]; got < 0.8 {
+		t.Fatalf("eu-west applies %v after b's grant expired; want most of the limit", got)
+	}
+	// b reconnects: its first assignment is the region's shares as they are.
+	w.connect(b)
+	if len(b.inbox) == 0 || b.inbox[0].Grant == nil || !b.inbox[0].Grant.Full {
+		t.Fatalf("b's first assignment after reconnecting is %+v, want a full grant", b.inbox)
+	}
+	w.run(4*time.Second, map[*fleetInst]float64{a: 0, b: 0, eu: 1000})
+	if got := b.applied[keyID{limit: "ex"}]; got > 0.2+1e-6 {
+		t.Fatalf("b applies %v of the exact limit after reconnecting, want us-east's lowered share", got)
+	}
+}
+
+// A Fleet that continues another of the same process (a new term after a
+// configuration change) keeps its instances' weights.
+func TestFleetContinues(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b := w.start("us-east", "a"), w.start("us-east", "b")
+	w.connect(a)
+	w.connect(b)
+	w.run(8*time.Second, map[*fleetInst]float64{a: 500, b: 500})
+	w2 := newFleetWorld(t, w.f)
+	w2.now, w2.insts = w.now, w.insts
+	for _, in := range []*fleetInst{a, b} {
+		in.up = false
+		w2.connect(in)
+	}
+	w2.run(time.Second, map[*fleetInst]float64{a: 500, b: 500})
+	if wa, wb := a.x.weights["loc"], b.x.weights["loc"]; wa+wb < 0.95 {
+		t.Fatalf("after a new term a and b hold weights %v and %v of the local limit; want what they held kept", wa, wb)
+	}
+}
+
+// TestFleetNeverOverAllocates drives a Fleet and its instances through
+// random connects, cuts, demand, deliveries, restarts and time, and checks
+// after every step that what every instance applies stays within the
+// limit.
+func TestFleetNeverOverAllocates(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		w := newFleetWorld(t, nil)
+		w.t = rt
+		ids := []string{"u1", "u2", "u3", "e1", "e2"}
+		restarts := 0
+		for _, id := range ids {
+			region := "us-east"
+			if id[0] == 'e' {
+				region = "eu-west"
+			}
+			w.start(region, id)
+		}
+		pick := func() *fleetInst {
+			id := rapid.SampledFrom(ids).Draw(rt, "inst")
+			return w.insts[id]
+		}
+		for i := range rapid.IntRange(20, 200).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 7).Draw(rt, "op") {
+			case 0:
+				if in := pick(); !in.up {
+					w.connect(in)
+				}
+			case 1:
+				if in := pick(); in.up {
+					w.cut(in)
+				}
+			case 2:
+				w.report(pick(), float64(rapid.IntRange(0, 1000).Draw(rt, "demand")))
+			case 3, 4:
+				w.deliver(pick())
+			case 5:
+				w.advance(time.Duration(rapid.IntRange(1, 3000).Draw(rt, "ms")) * time.Millisecond)
+			case 6: // a restart: a new process, a new id, holding nothing
+				in := pick()
+				if in.up {
+					w.cut(in)
+				}
+				restarts++
+				// The old process is gone: what it applied no longer counts.
+				delete(w.insts, in.id)
+				id := fmt.Sprintf("%s-r%d", in.id[:2], restarts)
+				ids = append(ids[:0:0], ids...)
+				for j := range ids {
+					if ids[j] == in.id {
+						ids[j] = id
+					}
+				}
+				w.start(in.region, id)
+			case 7:
+				if in := pick(); len(in.inbox) > 1 {
+					in.inbox = in.inbox[1:] // a lost message (the stream stays up)
+				}
+			}
+			w.check(fmt.Sprint("step ", i))
+		}
+	})
+}
