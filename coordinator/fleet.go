@@ -136,6 +136,7 @@ type fleetInstance struct {
 	expires  time.Time // Expires of the latest grant sent
 	full     bool      // a full grant was sent since it attached
 	lastAt   time.Time // At of its previous report
+	fresh    bool      // reported since the region's latest forwarded report
 	rates    streamReport
 	w        []cell // by weighted limit
 }
@@ -353,9 +354,11 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 			return Ready{}, err
 		}
 		in.heard = now
-		in.rates, in.lastAt = rates(in, m), m.At
-		if err := f.forwardReport(now, fr, m.At); err != nil {
-			return Ready{}, err
+		in.rates, in.lastAt, in.fresh = rates(in, m), m.At, true
+		if f.roundDone(fr, m.At) {
+			if err := f.forwardReport(now, fr, m.At); err != nil {
+				return Ready{}, err
+			}
 		}
 		if !in.full { // heard again after its grant expired
 			return Ready{Term: f.co.term, Send: []Assignment{f.fullGrant(now, fr, in)}}, nil
@@ -680,6 +683,26 @@ func rates(in *fleetInstance, m Report) streamReport {
 	return sr
 }
 
+// maxForwardGap bounds how long a region's report waits for a connected
+// instance that does not report.
+const maxForwardGap = 2 * time.Second
+
+// roundDone reports whether the region's report is due at at: every
+// connected instance reported since the previous one (so the Coordinator
+// gets one report per round of the instances' reports, not one per
+// instance, each merging them all), or maxForwardGap has passed.
+func (f *Fleet) roundDone(fr *fleetRegion, at time.Time) bool {
+	if at.Sub(fr.at) >= maxForwardGap {
+		return true
+	}
+	for _, in := range fr.insts {
+		if in.attached && !in.fresh {
+			return false
+		}
+	}
+	return true
+}
+
 // forwardReport gives the Coordinator one report of the region at at, if
 // later than the region's previous one (instances' clocks and reports
 // interleave: a report not later only updates its instance's rates): its
@@ -735,6 +758,9 @@ func (f *Fleet) forwardReport(now time.Time, fr *fleetRegion, at time.Time) erro
 		return err
 	}
 	fr.at = at
+	for _, in := range fr.insts {
+		in.fresh = false
+	}
 	return nil
 }
 

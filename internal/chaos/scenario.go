@@ -56,6 +56,7 @@ type Options struct {
 var DefaultFlows = []Flow{
 	{Domain: "api", Limit: "split-exact", DescKey: "user", Prefix: "u", Keys: 3, Rate: 180},    // 60/s per key, L 40
 	{Domain: "api", Limit: "split-leased", DescKey: "tenant", Prefix: "t", Keys: 2, Rate: 260}, // 130/s per key, L 100
+	{Domain: "api", Limit: "split-local", DescKey: "session", Prefix: "s", Keys: 2, Rate: 140},  // 70/s per key, L 50
 	{Domain: "api", Limit: "shared", DescKey: "app", Prefix: "a", Keys: 3, Rate: 240},          // 80/s per key, L 60
 	{Domain: "llm", Limit: "tokens", DescKey: "org", Prefix: "o", Keys: 2, Rate: 24, Reserve: true},
 }
@@ -93,7 +94,10 @@ type run struct {
 //	      another; restart the killed coordinator as a standby
 //	0.25  partition a region (ap-south first): cut its peer links, both
 //	      ways, and its links to the coordinators (not to etcd)
-//	0.42  heal it; time until every instance has its peers linked and no
+//	0.28  cut one instance (us-east-1 first) from the coordinators while
+//	      its region's other instance stays connected, for the grant TTL
+//	      (4 s) + 2 s: its grant expires, then it reconnects
+//	0.42  heal the partition; time until every instance has its peers linked and no
 //	      shared-mode limit in fallback
 //	0.52  kill a region's Redis (SIGKILL; eu-west first)
 //	0.62  restart it; time until no limit of the region is in fallback
@@ -152,7 +156,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r.c, err = local.New(local.Options{
 		Dir: filepath.Join(o.Dir, "cluster"), Bin: o.Bin, Config: o.Config, Instances: o.Instances,
 		RegionalArgs:    []string{"--store-timeout", o.StoreTimeout.String(), "--log-level", o.LogLevel},
-		CoordinatorArgs: []string{"--rebalance-period", "1s", "--log-level", o.LogLevel},
+		// A grant TTL of 4 s, so that an instance cut off from the
+		// coordinators for a step outlives its grant.
+		CoordinatorArgs: []string{"--rebalance-period", "1s", "--grant-ttl", grantTTL.String(), "--log-level", o.LogLevel},
 		Dial:            r.dial,
 	})
 	if err == nil {
@@ -231,9 +237,12 @@ func scaled(flows []Flow, k float64) []Flow {
 	return out
 }
 
+// grantTTL is the coordinators' --grant-ttl in a chaos run.
+const grantTTL = 4 * time.Second
+
 // startProxies puts a toxiproxy proxy on every link chaos cuts or slows:
-// each enforcer instance to its peer instance in every other region,
-// each region to each coordinator, and each region to its Redis.
+// each enforcer instance to its peer instance in every other region and
+// to each coordinator, and each region to its Redis.
 func (r *run) startProxies() error {
 	add := func(from string, to *local.Proc) error {
 		p := toxiproxy.NewProxy(r.tox, from+">"+to.Name, "127.0.0.1:0", to.Addr)
@@ -255,13 +264,13 @@ func (r *run) startProxies() error {
 				return err
 			}
 		}
-	}
-	for _, region := range o.Regions {
 		for _, coord := range r.c.ByRole(local.Coordinator, "") {
-			if err := add(region, coord); err != nil {
+			if err := add(p.Name, coord); err != nil {
 				return err
 			}
 		}
+	}
+	for _, region := range o.Regions {
 		if err := add(region, r.c.Proc("redis-"+region)); err != nil {
 			return err
 		}
@@ -444,7 +453,10 @@ func (r *run) cycle(ctx context.Context, store *etcdstore.Store, i int, begin ti
 	instances := r.c.ByRole(local.Regional, "")
 	n := r.c.Opts.Instances
 	restart := r.c.Proc(fmt.Sprintf("%s-%d", regions[i%len(regions)], ((n-1-i/len(regions))%n+n)%n+1))
-	var cut []*toxiproxy.Proxy
+	var cut, alone []*toxiproxy.Proxy
+	// One instance of a region is cut off from the coordinators while the
+	// other stays connected, for longer than its grant lasts.
+	lone := r.c.Proc(fmt.Sprintf("%s-%d", at(0), i%n+1))
 	slow := r.proxies[[2]string{slowRegion, "redis-" + slowRegion}]
 	steps := []struct {
 		at   float64
@@ -458,6 +470,25 @@ func (r *run) cycle(ctx context.Context, store *etcdstore.Store, i int, begin ti
 				p.Stop()
 			}
 			r.event(Event{Name: "partitioned", Target: cutRegion, Detail: fmt.Sprintf("%d links cut (peers both ways, coordinators)", len(cut))})
+			return nil
+		}},
+		{0.28, "cut " + lone.Name + " from the coordinators", func() error {
+			for _, coord := range r.c.ByRole(local.Coordinator, "") {
+				if p := r.proxies[[2]string{lone.Name, coord.Name}]; p != nil {
+					alone = append(alone, p)
+					p.Stop()
+				}
+			}
+			r.event(Event{Name: "instance_cut", Target: lone.Name, Detail: "from the coordinators; its region's other instances stay connected"})
+			return nil
+		}},
+		{0.28 + float64(grantTTL+2*time.Second)/float64(d), "reconnect " + lone.Name, func() error {
+			for _, p := range alone {
+				if err := p.Start(); err != nil {
+					return err
+				}
+			}
+			r.event(Event{Name: "instance_reconnected", Target: lone.Name})
 			return nil
 		}},
 		{0.42, "heal " + cutRegion, func() error {

@@ -58,8 +58,9 @@ type RateLimiterClient interface {
 	// one call per sync interval carries every key the gateway holds,
 	// returns the unused tokens of leases that ended, reports what was
 	// spent, and asks for new leases. A grant is charged to this region's
-	// allowance when it is made, so the leases of all gateways together
-	// never exceed it; unused tokens come back with the next call (tokens
+	// allowance when it is made, so the grants of all gateways together
+	// never exceed it (a gateway may spend a grant up to one TTL after it
+	// was charged: docs/adr/0003-gateway-leases.md); unused tokens come back with the next call (tokens
 	// of a sliding-window limit only within the window they were granted
 	// in). A malformed item fails the whole call with INVALID_ARGUMENT and
 	// nothing is charged or returned.
@@ -156,8 +157,9 @@ type RateLimiterServer interface {
 	// one call per sync interval carries every key the gateway holds,
 	// returns the unused tokens of leases that ended, reports what was
 	// spent, and asks for new leases. A grant is charged to this region's
-	// allowance when it is made, so the leases of all gateways together
-	// never exceed it; unused tokens come back with the next call (tokens
+	// allowance when it is made, so the grants of all gateways together
+	// never exceed it (a gateway may spend a grant up to one TTL after it
+	// was charged: docs/adr/0003-gateway-leases.md); unused tokens come back with the next call (tokens
 	// of a sliding-window limit only within the window they were granted
 	// in). A malformed item fails the whole call with INVALID_ARGUMENT and
 	// nothing is charged or returned.
