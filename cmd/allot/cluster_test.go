@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/allot-dev/allot/deploy/local"
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // allot cluster up starts 12 processes in the background; status sees
@@ -21,9 +22,7 @@ func TestClusterUpStatusDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs a cluster of 12 processes")
 	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
-	}
+	testdep.LookPath(t, "redis-server", "apt-get install redis-server; .ci/run installs it")
 	bin := buildAllot(t)
 	dir := filepath.Join(t.TempDir(), "cluster")
 	allot := func(args ...string) (string, error) {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 func TestPlanFromBasePort(t *testing.T) {
@@ -91,9 +93,7 @@ func TestClusterStartStop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds allot and runs a cluster")
 	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
-	}
+	testdep.LookPath(t, "redis-server", "apt-get install redis-server; .ci/run installs it")
 	bin := filepath.Join(t.TempDir(), "allot")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/allot").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

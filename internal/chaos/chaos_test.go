@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/deploy/local"
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // TestChaos runs the local cluster of real processes under load while
@@ -35,9 +36,7 @@ func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster of 12 processes for a minute or more")
 	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
-	}
+	testdep.LookPath(t, "redis-server", "apt-get install redis-server; .ci/run installs it")
 	d := 45 * time.Second
 	if s := os.Getenv("ALLOT_CHAOS_DURATION"); s != "" {
 		var err error

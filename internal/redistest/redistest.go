@@ -2,7 +2,8 @@
 // server, or a Redis Cluster of three primaries with a replica each. They
 // listen on free loopback ports, keep nothing on disk beyond a temporary
 // directory, and stop when the test ends. Tests are skipped when
-// redis-server is not installed (CI installs it).
+// redis-server (or, for a cluster, redis-cli) is not installed, and fail
+// under CI=true (internal/testdep; .ci/run installs them).
 package redistest
 
 import (
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // startTimeout bounds the wait for a server, or a cluster, to be ready.
@@ -37,9 +40,7 @@ type Server struct {
 // arguments, and stops it when the test ends.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
-	}
+	testdep.LookPath(t, "redis-server", "apt-get install redis-server; .ci/run installs it")
 	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))}
 	_, port, _ := net.SplitHostPort(s.Addr)
 	s.args = append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -87,6 +88,7 @@ type Cluster struct {
 // so that a replica takes over a dead primary within a few seconds.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	testdep.LookPath(t, "redis-cli", "apt-get install redis-tools; .ci/run installs it")
 	c := &Cluster{}
 	for range 6 {
 		c.Nodes = append(c.Nodes, Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",

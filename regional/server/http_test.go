@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 func post(t *testing.T, h http.Handler, contentType, body string) *httptest.ResponseRecorder {
@@ -132,14 +134,19 @@ func TestHealthAndMetrics(t *testing.T) {
 	if strings.Contains(out, "nope") {
 		t.Error("an unknown domain from a request became a label value")
 	}
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Log("promtool not installed (Debian's prometheus package); skipping its lint of the output")
-		return
-	}
-	cmd := exec.Command(promtool, "check", "metrics")
-	cmd.Stdin = strings.NewReader(out)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("promtool check metrics: %v\n%s", err, msg)
-	}
+	promtoolCheckMetrics(t, out)
+}
+
+// promtoolCheckMetrics lints a /metrics output with promtool check metrics,
+// in a subtest "promtool" that skips without promtool (fails under CI=true).
+func promtoolCheckMetrics(t *testing.T, out string) {
+	t.Helper()
+	t.Run("promtool", func(t *testing.T) {
+		promtool := testdep.LookPath(t, "promtool", "Debian's prometheus package: apt-get install prometheus; .ci/run installs it")
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = strings.NewReader(out)
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("promtool check metrics: %v\n%s", err, msg)
+		}
+	})
 }

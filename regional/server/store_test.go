@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -57,11 +56,5 @@ limits:
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	if promtool, err := exec.LookPath("promtool"); err == nil {
-		cmd := exec.Command(promtool, "check", "metrics")
-		cmd.Stdin = strings.NewReader(out)
-		if msg, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("promtool check metrics: %v\n%s", err, msg)
-		}
-	}
+	promtoolCheckMetrics(t, out)
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
+
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // exportedMetrics are the metric names in allot's Go code: every string
@@ -190,12 +192,10 @@ func TestAlertRules(t *testing.T) {
 
 // TestPromtoolCheckRules runs promtool check rules on each PrometheusRule's
 // groups, which also checks the annotations' templates. CI installs
-// promtool (Debian's prometheus package, .ci/run); elsewhere it skips.
+// promtool (Debian's prometheus package, .ci/run); elsewhere it skips
+// (internal/testdep: under CI=true it fails).
 func TestPromtoolCheckRules(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool is not installed (apt-get install prometheus): alert rules not checked by promtool; their PromQL was parsed by TestAlertRules")
-	}
+	promtool := testdep.LookPath(t, "promtool", "apt-get install prometheus; alert rules not checked by promtool, their PromQL was parsed by TestAlertRules")
 	dir := t.TempDir()
 	for _, ro := range prometheusRules(t) {
 		spec, err := json.Marshal(ro.rule.Spec)
