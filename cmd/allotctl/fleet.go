@@ -63,12 +63,35 @@ func (c *cli) usage(ctx context.Context, args []string) error {
 	} else if err := table(c.stdout, []string{"LIMIT", "KEY", "REGION", "USED", "REMAINING", "LIMIT/WINDOW", "SHARE", "RESET", "SHADOW"}, rows); err != nil {
 		return err
 	}
+	for _, g := range resp.GetGlobal() {
+		if ratesDiffer(resp, g.GetKey()) {
+			fmt.Fprintf(c.stdout, "the regions enforce different limits on %s: a change has not reached every region yet (all regions shows the lowest)\n", g.GetKey())
+		}
+	}
 	for _, r := range resp.GetRegions() {
 		if r.GetError() != "" {
 			fmt.Fprintf(c.stdout, "region %s (%s) did not answer: %s\n", r.GetRegion(), r.GetAddr(), r.GetError())
 		}
 	}
 	return nil
+}
+
+// ratesDiffer reports whether the regions of resp enforce different
+// limits on key.
+func ratesDiffer(resp *allotv1.UsageResponse, key string) bool {
+	var first *allotv1.LimitUsage
+	for _, r := range resp.GetRegions() {
+		for _, l := range r.GetLimits() {
+			switch {
+			case l.GetKey() != key:
+			case first == nil:
+				first = l
+			case l.GetAmount() != first.GetAmount() || l.GetWindow().AsDuration() != first.GetWindow().AsDuration():
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (c *cli) status(ctx context.Context, args []string) error {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/internal/fleettest"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
@@ -154,7 +155,23 @@ func TestRollback(t *testing.T) {
 	}
 }
 
+// userBurst is per-user's burst that r's engine applies to user u now,
+// overrides included: what r's next check of the key is decided by.
+// Reading it touches no key, unlike Usage (see TestOverrideExpires).
+func userBurst(r *fleettest.Region, u string) int64 {
+	d := r.Engine.Config().Domain("api")
+	return d.Effective(d.Limit("per-user"), allot.Descriptor{{Key: "user", Value: u}}, time.Now()).Burst
+}
+
 // TestOverrideExpires raises a user's limit for two seconds.
+//
+// It waits for the override in the regions' engines, never by polling
+// Usage: a region answers Usage with a check that charges nothing but
+// creates the key's bucket, full at the burst in force. Asked before the
+// override reaches it, a region would keep user 42's bucket at 5 tokens,
+// and a token bucket does not grow when its burst is raised: it would
+// then admit 5, not 20, refilling at 240/h (one token in 15s) within
+// the override's two seconds.
 func TestOverrideExpires(t *testing.T) {
 	f := fleettest.Start(t, limitsYAML, regions...)
 	o, err := f.Client.SetOverride(t.Context(), &allotv1.SetOverrideRequest{Ttl: durationpb.New(2 * time.Second),
@@ -163,14 +180,20 @@ func TestOverrideExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	expires := o.GetExpires().AsTime()
-	amount := func(r *fleettest.Region) int64 {
+	amount := func() int64 {
+		t.Helper()
 		resp, err := f.Client.Usage(t.Context(), &allotv1.UsageRequest{Domain: "api", Descriptor_: key("user", "42")})
 		if err != nil || len(resp.GetGlobal()) != 1 {
 			t.Fatalf("usage: %v, %v", resp, err)
 		}
 		return resp.GetGlobal()[0].GetAmount()
 	}
-	fleettest.Poll(t, time.Second, "the override in force", func() bool { return amount(nil) == 240 })
+	for _, r := range f.Regions {
+		fleettest.Poll(t, time.Second, r.Name+" enforcing the override", func() bool { return userBurst(r, "42") == 20 })
+	}
+	if got := amount(); got != 240 {
+		t.Errorf("usage with the override in every region: %d/h, want 4 × 60", got)
+	}
 	for _, r := range f.Regions {
 		if got := admitted(t, r, 25, "user", "42"); got != 20 {
 			t.Errorf("%s admitted %d with the override, want 4 × 5", r.Name, got)
@@ -181,8 +204,13 @@ func TestOverrideExpires(t *testing.T) {
 		t.Fatalf("ListOverrides = %v, %v", list, err)
 	}
 
-	fleettest.Poll(t, 5*time.Second, "the override's end in the engines", func() bool { return amount(nil) == 60 })
+	for _, r := range f.Regions {
+		fleettest.Poll(t, 5*time.Second, r.Name+" back to the limit", func() bool { return userBurst(r, "42") == 5 })
+	}
 	t.Logf("engines back to the limit %v after the expiry", time.Since(expires).Round(time.Millisecond))
+	if got := amount(); got != 60 {
+		t.Errorf("usage after the expiry in every region: %d/h, want 60", got)
+	}
 	fleettest.Poll(t, 10*time.Second, "the override's key gone from etcd", func() bool {
 		os, err := f.Store.Overrides(t.Context(), "api")
 		return err == nil && len(os) == 0

@@ -105,9 +105,13 @@ func (s *Server) Usage(ctx context.Context, req *allotv1.UsageRequest) (*allotv1
 }
 
 // sumUsage adds the regions' usage of each limit's key up: used,
-// remaining and shares add; the amount and window are the key's effective
-// limit (the same everywhere once the configuration has propagated); the
-// reset is the latest.
+// remaining and shares add; the reset is the latest. The amount and
+// window are the key's effective limit as the regions enforce it: the
+// same everywhere once a change has propagated; while the regions still
+// disagree (an override or a new version reaching one region before
+// another), the lowest rate, the one every answering region enforces at
+// least, so that the sum never shows a raised limit in force before every
+// region applies it (each region's own row shows what it enforces).
 func sumUsage(regions []*allotv1.RegionUsage) []*allotv1.LimitUsage {
 	var out []*allotv1.LimitUsage
 	at := map[string]*allotv1.LimitUsage{}
@@ -123,13 +127,23 @@ func sumUsage(regions []*allotv1.RegionUsage) []*allotv1.LimitUsage {
 			g.Remaining += l.GetRemaining()
 			g.Share += l.GetShare()
 			g.Shadow = g.Shadow || l.GetShadow()
-			g.Amount = max(g.Amount, l.GetAmount())
+			if perSecond(l) < perSecond(g) {
+				g.Amount, g.Window = l.GetAmount(), l.GetWindow()
+			}
 			if l.GetResetAfter().AsDuration() > g.GetResetAfter().AsDuration() {
 				g.ResetAfter = l.GetResetAfter()
 			}
 		}
 	}
 	return out
+}
+
+// perSecond is a usage's rate, to compare limits of different windows.
+func perSecond(l *allotv1.LimitUsage) float64 {
+	if w := l.GetWindow().AsDuration(); w > 0 {
+		return float64(l.GetAmount()) / w.Seconds()
+	}
+	return float64(l.GetAmount())
 }
 
 // Status reports the configuration version, each domain's leader, the
