@@ -121,6 +121,12 @@ type fleetRegion struct {
 	acked  uint64    // version of the latest Ack forwarded to the Coordinator
 	at     time.Time // At of the latest report forwarded
 	cells  []cell    // scratch: one weighted limit's cells, by instance
+	// since is when each limit's default share took its value (zero:
+	// before any instance held share), for full grants.
+	since map[string]time.Time
+	// fresh: no instance of the region has held share yet, in a domain
+	// that never had a leader before this Fleet.
+	fresh bool
 }
 
 type fleetInstance struct {
@@ -180,12 +186,19 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 			f.weighted = append(f.weighted, l.Name)
 		}
 	}
+	fresh := prev == nil && snap.Term == 0
 	for i, r := range d.Regions {
 		app, err := NewApplier(d, r, snap)
 		if err != nil {
 			return nil, err
 		}
-		f.regions = append(f.regions, &fleetRegion{name: r, byID: map[string]*fleetInstance{}, shares: app})
+		fr := &fleetRegion{name: r, byID: map[string]*fleetInstance{}, shares: app, since: map[string]time.Time{}, fresh: fresh}
+		for _, l := range f.limits {
+			if !fresh {
+				fr.since[l] = now.Add(cfg.MaxSkew) // not known: from now on
+			}
+		}
+		f.regions = append(f.regions, fr)
 		f.regionOf[r] = i
 	}
 	if prev == nil {
@@ -196,9 +209,16 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 	}
 	f.quiet = prev.quiet
 	for _, pr := range prev.regions {
-		fr := f.regions[f.regionOf[pr.name]]
-		if fr == nil {
+		i, ok := f.regionOf[pr.name]
+		if !ok {
 			continue
+		}
+		fr := f.regions[i]
+		fr.fresh = pr.fresh
+		for l, t := range pr.since {
+			if _, ok := fr.since[l]; ok || fr.fresh {
+				fr.since[l] = t
+			}
 		}
 		for _, pi := range pr.insts {
 			in := &fleetInstance{id: pi.id, legacy: pi.legacy, gone: pi.gone, expires: pi.expires, heard: pi.heard, w: make([]cell, len(f.weighted))}
@@ -492,6 +512,11 @@ func (f *Fleet) fanOut(now time.Time, rd Ready) Ready {
 			continue
 		}
 		fr.sent = max(fr.sent, a.Version)
+		for _, sh := range a.Shares {
+			if sh.Key == "" && sh.Value != fr.shares.Share(sh.Limit, "") {
+				fr.since[sh.Limit] = now.Add(f.cfg.MaxSkew)
+			}
+		}
 		fr.shares.Apply(a) // the Coordinator's own output: valid
 		for _, in := range fr.insts {
 			if in.attached && in.full {
@@ -506,9 +531,16 @@ func (f *Fleet) fanOut(now time.Time, rd Ready) Ready {
 // region at the latest version sent, and its grant.
 func (f *Fleet) fullGrant(now time.Time, fr *fleetRegion, in *fleetInstance) Assignment {
 	in.full = true
-	a := Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term, Version: fr.sent, Shares: fr.shares.All()}
+	shares := fr.shares.All()
+	for i := range shares {
+		if shares[i].Key == "" {
+			shares[i].Since = fr.since[shares[i].Limit]
+		}
+	}
+	a := Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term, Version: fr.sent, Shares: shares}
 	a = f.grant(now, fr, in, a)
-	a.Grant.Full = true
+	a.Grant.Full, a.Grant.Fresh = true, fr.fresh
+	fr.fresh = false
 	return a
 }
 

@@ -355,3 +355,40 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 		}
 	})
 }
+
+// The first instance of a region of a domain that never had a leader gets
+// a fresh grant: its shares are in force since always. A later instance
+// (a restart, a scale-out) gets them in force from when they were granted.
+func TestFleetFreshGrants(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b := w.start("us-east", "a"), w.start("us-east", "b")
+	w.connect(a)
+	full := a.inbox[0]
+	if !full.Grant.Fresh {
+		t.Fatal("the region's first instance got a grant that is not fresh")
+	}
+	shares, _, err := a.x.Apply(w.now, full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shares {
+		if s.Key == "" && (!s.Reset || !s.Since.IsZero()) {
+			t.Fatalf("a's first share %+v: want a reset in force since always", s)
+		}
+	}
+	a.inbox = nil
+	w.connect(b)
+	full = b.inbox[0]
+	if full.Grant.Fresh {
+		t.Fatal("the region's second instance got a fresh grant")
+	}
+	shares, _, err = b.x.Apply(w.now, full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shares {
+		if s.Limit == "loc" && s.Key == "" && (!s.Reset || s.Since.Before(w.now)) {
+			t.Fatalf("b's share of the local limit %+v: want a reset in force from now", s)
+		}
+	}
+}

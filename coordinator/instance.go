@@ -44,6 +44,11 @@ type Instance struct {
 	legacy   bool // the coordinator sends no grants
 	upToDate bool // a full grant was applied since Reconnect
 	applied  map[keyID]float64
+	// reset, set by a full grant to an instance that held nothing: the
+	// next diff gives every limit's default with Reset, in force since
+	// since (the region's share) or the weight's grant, the later.
+	reset bool
+	since map[string]time.Time
 }
 
 // NewInstance returns the Instance id of region in domain d, holding
@@ -203,6 +208,22 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 		}
 		weights[w.Limit] = w.Value
 	}
+	if g.Full && !x.held {
+		// An instance that held nothing learns from when each share was in
+		// force: the region's since then, its weight since now (or since
+		// always, from allowance no instance held before).
+		x.reset, x.since = true, map[string]time.Time{}
+		for _, s := range m.Shares {
+			if s.Key == "" {
+				x.since[s.Limit] = s.Since
+			}
+		}
+		for l := range x.weighted {
+			if !g.Fresh && x.since[l].Before(now) {
+				x.since[l] = now
+			}
+		}
+	}
 	switch {
 	case g.Full:
 		app, err := NewApplier(x.dom, x.region.region, Snapshot{})
@@ -281,6 +302,19 @@ func (x *Instance) diff() []Share {
 		return m[keyID{limit: id.limit}]
 	}
 	var lower, raise []Share
+	if x.reset {
+		x.reset = false
+		for _, l := range x.dom.Limits {
+			id := keyID{limit: l.Name}
+			s := Share{Limit: l.Name, Value: next[id], Reset: true, Since: x.since[l.Name]}
+			if next[id] < levelOf(x.applied, id) {
+				lower = append(lower, s)
+			} else {
+				raise = append(raise, s)
+			}
+			x.applied[id] = next[id]
+		}
+	}
 	ids := make([]keyID, 0, len(next)+len(x.applied))
 	for id := range next {
 		ids = append(ids, id)

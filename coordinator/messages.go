@@ -122,6 +122,10 @@ type Grant struct {
 	Seq     uint64
 	Expires time.Time
 	Full    bool
+	// Fresh says the grant's weights come from allowance no instance of
+	// the region held before (a domain's first leader, the region's first
+	// instance): they have been in force since before the current window.
+	Fresh bool
 	// Weights are the instance's part, in [0, 1], of its region's share of
 	// every split-mode local limit (Weighted): it applies share × weight to
 	// the limit's default vector and hot keys. A local limit missing from
@@ -143,6 +147,15 @@ type Share struct {
 	Limit string
 	Key   string
 	Value float64
+	// Since, in a full grant, is when the region's default share took this
+	// value (the coordinator's clock, plus the tolerated skew); zero: before
+	// any instance held share. An Instance that held nothing uses it to
+	// know from when the share was in force (see Reset).
+	Since time.Time
+	// Reset, in what an Instance returns, says that Value has been in
+	// force since Since (zero: always) and nothing before: the engine
+	// replaces the share's history rather than changing it from now.
+	Reset bool
 }
 
 // Snapshot is the persisted state of a domain's assignments, which a new

@@ -303,6 +303,28 @@ func (e *Engine) SetShare(now time.Time, domain, limit string, share float64) er
 	return nil
 }
 
+// ResetShare replaces the region's default share of a limit and its
+// history: share is in force since since, and nothing before it (zero
+// since: in force always). An instance that held nothing learns so from
+// its first full grant when its share has been in force (for a sliding
+// window, a share in force since before the window began may be used in
+// full; one raised within it, from the next window).
+func (e *Engine) ResetShare(domain, limit string, share float64, since time.Time) error {
+	ls, err := e.limitFor(domain, limit, share)
+	if err != nil {
+		return err
+	}
+	h := &shareHist{prev: share}
+	if !since.IsZero() {
+		h = &shareHist{n: 1}
+		h.changes[0] = shareChange{at: since.UnixNano(), share: share}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ls.shares.def.Store(h)
+	return nil
+}
+
 // SetKeyShare sets the region's share of one hot key (named as KeyString
 // names it) from now on. A negative share removes the key's own share, so
 // it follows the limit's default again.

@@ -507,3 +507,44 @@ func TestWindowShareRaisedAtNextWindow(t *testing.T) {
 		t.Fatal("a lowered share still admitted within the window")
 	}
 }
+
+// ResetShare replaces a share's history: a share in force since before a
+// sliding window began may be used in full in it; one in force only since
+// within the window, from the next window.
+func TestResetShare(t *testing.T) {
+	e := New(mustConfig(t, "domain: api\nlimits:\n  - {name: u, match: {user: \"*\"}, rate: 10/1s, algorithm: sliding_window}\n"), Options{})
+	count := func(at time.Time, u string) int {
+		n := 0
+		var dec allot.Decision
+		for range 20 {
+			if err := e.Check(at, "api", user(u), 1, &dec); err != nil {
+				t.Fatal(err)
+			}
+			if dec.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	if err := e.SetShare(t0, "api", "u", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ResetShare("api", "u", 0.5, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t0.Add(ms(100)), "a"); n != 5 {
+		t.Fatalf("in force always: admitted %d, want 5", n)
+	}
+	if err := e.ResetShare("api", "u", 0.5, t0.Add(ms(200))); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t0.Add(ms(300)), "b"); n != 0 {
+		t.Fatalf("in force since within the window: admitted %d, want 0", n)
+	}
+	if n := count(t0.Add(ms(2300)), "c"); n != 5 {
+		t.Fatalf("in force since before the window: admitted %d, want 5", n)
+	}
+	if err := e.ResetShare("api", "u", 2, time.Time{}); err == nil {
+		t.Fatal("a share above 1 was taken")
+	}
+}

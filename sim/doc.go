@@ -28,13 +28,17 @@
 // # Regions and instances
 //
 // A region runs Region.Instances instances, each with an engine of its
-// own. With local enforcement each enforces its region's share ÷
-// instances; with leased or exact enforcement each is a regional.Enforcer
-// over the region's store, whose buckets hold the region's share, and
-// on_failure local divides by the instance count the Enforcer learnt
-// from heartbeats. The store takes time from the true clock (as Redis
-// TIME) and counts its calls. A region of several instances sends one
-// demand report, the sum of its instances' demands. In shared mode, or
+// own and its side of the assignment protocol (coordinator.Instance, as
+// regional/coordclient drives it): each connects to the coordinator (the
+// production coordinator.Fleet), reports its own demand, applies its own
+// assignments and grants, and holds nothing until granted. With local
+// enforcement each enforces its region's share × its weight (the Fleet
+// divides a region's share among its instances by their demand); with
+// leased or exact enforcement each is a regional.Enforcer over the
+// region's store, whose buckets hold the region's share, and on_failure
+// local divides by the instance count the Enforcer learnt from
+// heartbeats. The store takes time from the true clock (as Redis TIME)
+// and counts its calls. In shared mode, or
 // with peers, a region is one engine: instances that sum their counts in
 // a regional.CountStore are not simulated, so Instances shape only the
 // naive baseline there.

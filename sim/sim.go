@@ -384,9 +384,12 @@ func (w *world) setShares(r *region, in *instance, shares []coordinator.Share) {
 			j++
 		}
 		var err error
-		if shares[i].Key == "" {
+		switch {
+		case shares[i].Reset:
+			err = in.e.ResetShare(w.dom.Name, shares[i].Limit, shares[i].Value, shares[i].Since)
+		case shares[i].Key == "":
 			err = in.e.SetShare(w.clock(r), w.dom.Name, shares[i].Limit, shares[i].Value)
-		} else {
+		default:
 			ks := make([]regional.KeyShare, 0, j-i)
 			for _, s := range shares[i:j] {
 				ks = append(ks, regional.KeyShare{Key: s.Key, Share: s.Value})

@@ -132,3 +132,55 @@ func startProcess(t *testing.T, bin string, re *regexp.Regexp, args ...string) (
 	t.Fatalf("allot %s printed no address; stderr:\n%s", args[0], stderr.String())
 	return nil, ""
 }
+
+// TestRestartedInstanceStartsTheWindowWithNothing restarts the only
+// us-east instance of a split-mode local sliding-window limit of 100/1h
+// mid-window: the new process is a new instance, which holds nothing until
+// the old one's grant has expired and then holds its region's share only
+// from the next window, so over both lives us-east admits at most its
+// share of 50 in the window (before: 50 again after the restart, 100).
+func TestRestartedInstanceStartsTheWindowWithNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs five processes")
+	}
+	// The window of the hour must not end during the test.
+	if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left < time.Minute {
+		time.Sleep(left + time.Second)
+	}
+	bin := buildAllot(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: api\nregions: [us-east, eu-west]\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 100/1h, algorithm: sliding_window}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, etcdAddr := startProcess(t, bin, regexp.MustCompile(`clients on http://(\S+)`),
+		"etcd", "--data-dir", filepath.Join(dir, "etcd"), "--client-addr", loopbackAddr(t), "--peer-addr", loopbackAddr(t))
+	_, coord := startProcess(t, bin, regexp.MustCompile(`serving gRPC (\S+)`),
+		"coordinator", "--etcd", etcdAddr, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--rebalance-period", "500ms", "--grant-ttl", "2s")
+	regional := func() (*exec.Cmd, string) {
+		cmd, addr := startAllot(t, bin, "regional", "--config", cfg, "--region", "us-east", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+			"--coordinator", coord, "--etcd", etcdAddr, "--report-interval", "200ms")
+		deadline := time.Now().Add(30 * time.Second)
+		for !ready(addr) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not ready within 30s", addr)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return cmd, addr
+	}
+	first, addr := regional()
+	before := admitted(t, addr, "1", 100)
+	if before != 50 {
+		t.Fatalf("the first life admitted %d of us-east's 50", before)
+	}
+	first.Process.Kill()
+	first.Wait()
+	_, addr = regional()
+	after := admitted(t, addr, "1", 100)
+	t.Logf("admitted %d before the restart, %d after, in one window with us-east's share of 50", before, after)
+	if before+after > 50 {
+		t.Fatalf("us-east admitted %d + %d in one window with a share of 50", before, after)
+	}
+}

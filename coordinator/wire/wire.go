@@ -65,7 +65,11 @@ func Assignment(a coordinator.Assignment) *allotv1.CoordinatorMessage {
 func Shares(shares []coordinator.Share) []*allotv1.Share {
 	out := make([]*allotv1.Share, 0, len(shares))
 	for _, s := range shares {
-		out = append(out, &allotv1.Share{Limit: s.Limit, Key: s.Key, Value: s.Value})
+		ps := &allotv1.Share{Limit: s.Limit, Key: s.Key, Value: s.Value}
+		if !s.Since.IsZero() {
+			ps.Since = timestamppb.New(s.Since)
+		}
+		out = append(out, ps)
 	}
 	return out
 }
@@ -75,7 +79,7 @@ func Shares(shares []coordinator.Share) []*allotv1.Share {
 func AssignmentWith(a coordinator.Assignment, shares []*allotv1.Share) *allotv1.CoordinatorMessage {
 	pa := &allotv1.ShareAssignment{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, Shares: shares}
 	if g := a.Grant; g != nil {
-		pa.Grant = &allotv1.Grant{Seq: g.Seq, Expires: timestamppb.New(g.Expires), Full: g.Full, Weights: weightsOut(g.Weights)}
+		pa.Grant = &allotv1.Grant{Seq: g.Seq, Expires: timestamppb.New(g.Expires), Full: g.Full, Fresh: g.Fresh, Weights: weightsOut(g.Weights)}
 	}
 	return &allotv1.CoordinatorMessage{Msg: &allotv1.CoordinatorMessage_Assignment{Assignment: pa}}
 }
@@ -84,10 +88,14 @@ func AssignmentWith(a coordinator.Assignment, shares []*allotv1.Share) *allotv1.
 func FromAssignment(pa *allotv1.ShareAssignment) coordinator.Assignment {
 	a := coordinator.Assignment{Domain: pa.GetDomain(), Region: pa.GetRegion(), Term: pa.GetTerm(), Version: pa.GetVersion(), Instance: pa.GetInstance()}
 	if g := pa.GetGrant(); g != nil {
-		a.Grant = &coordinator.Grant{Seq: g.GetSeq(), Expires: g.GetExpires().AsTime(), Full: g.GetFull(), Weights: FromWeights(g.GetWeights())}
+		a.Grant = &coordinator.Grant{Seq: g.GetSeq(), Expires: g.GetExpires().AsTime(), Full: g.GetFull(), Fresh: g.GetFresh(), Weights: FromWeights(g.GetWeights())}
 	}
 	for _, s := range pa.GetShares() {
-		a.Shares = append(a.Shares, coordinator.Share{Limit: s.GetLimit(), Key: s.GetKey(), Value: s.GetValue()})
+		sh := coordinator.Share{Limit: s.GetLimit(), Key: s.GetKey(), Value: s.GetValue()}
+		if s.GetSince() != nil {
+			sh.Since = s.GetSince().AsTime()
+		}
+		a.Shares = append(a.Shares, sh)
 	}
 	return a
 }

@@ -263,9 +263,12 @@ func (c *Client) apply(l *link, shares []coordinator.Share) {
 
 func (c *Client) setShare(now time.Time, domain string, s coordinator.Share) {
 	var err error
-	if s.Key == "" {
+	switch {
+	case s.Reset:
+		err = c.opts.Engine.ResetShare(domain, s.Limit, s.Value, s.Since)
+	case s.Key == "":
 		err = c.opts.Engine.SetShare(now, domain, s.Limit, s.Value)
-	} else {
+	default:
 		err = c.opts.Engine.SetKeyShare(now, domain, s.Limit, s.Key, s.Value)
 	}
 	if err != nil {

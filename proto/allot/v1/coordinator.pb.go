@@ -656,11 +656,14 @@ func (x *ShareAssignment) GetGrant() *Grant {
 // full grant carries every share of the region, not only the changed ones:
 // an instance applies nothing else before its first full grant.
 type Grant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Expires       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires,proto3" json:"expires,omitempty"`
-	Weights       []*Weight              `protobuf:"bytes,3,rep,name=weights,proto3" json:"weights,omitempty"`
-	Full          bool                   `protobuf:"varint,4,opt,name=full,proto3" json:"full,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Seq     uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Expires *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires,proto3" json:"expires,omitempty"`
+	Weights []*Weight              `protobuf:"bytes,3,rep,name=weights,proto3" json:"weights,omitempty"`
+	Full    bool                   `protobuf:"varint,4,opt,name=full,proto3" json:"full,omitempty"`
+	// fresh: the weights come from allowance no instance of the region held
+	// before (a domain's first leader, the region's first instance)
+	Fresh         bool `protobuf:"varint,5,opt,name=fresh,proto3" json:"fresh,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -723,6 +726,13 @@ func (x *Grant) GetFull() bool {
 	return false
 }
 
+func (x *Grant) GetFresh() bool {
+	if x != nil {
+		return x.Fresh
+	}
+	return false
+}
+
 // Weight is an instance's part, in [0, 1], of its region's share of a
 // split-mode local limit (and of its hot keys).
 type Weight struct {
@@ -780,10 +790,13 @@ func (x *Weight) GetValue() float64 {
 // Share is a region's share of a limit's default vector (empty key) or of
 // one hot key; -1 makes a key follow the default vector again.
 type Share struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Limit         string                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Value         float64                `protobuf:"fixed64,3,opt,name=value,proto3" json:"value,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Limit string                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Value float64                `protobuf:"fixed64,3,opt,name=value,proto3" json:"value,omitempty"`
+	// since, in a full grant, is when the region's default share took this
+	// value (unset: before any instance held share)
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -837,6 +850,13 @@ func (x *Share) GetValue() float64 {
 		return x.Value
 	}
 	return 0
+}
+
+func (x *Share) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
 }
 
 type AssignmentAck struct {
@@ -964,19 +984,21 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12'\n" +
 	"\x06shares\x18\x05 \x03(\v2\x0f.allot.v1.ShareR\x06shares\x12\x1a\n" +
 	"\binstance\x18\x06 \x01(\tR\binstance\x12%\n" +
-	"\x05grant\x18\a \x01(\v2\x0f.allot.v1.GrantR\x05grant\"\x8f\x01\n" +
+	"\x05grant\x18\a \x01(\v2\x0f.allot.v1.GrantR\x05grant\"\xa5\x01\n" +
 	"\x05Grant\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x124\n" +
 	"\aexpires\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12*\n" +
 	"\aweights\x18\x03 \x03(\v2\x10.allot.v1.WeightR\aweights\x12\x12\n" +
-	"\x04full\x18\x04 \x01(\bR\x04full\"4\n" +
+	"\x04full\x18\x04 \x01(\bR\x04full\x12\x14\n" +
+	"\x05fresh\x18\x05 \x01(\bR\x05fresh\"4\n" +
 	"\x06Weight\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value\"E\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value\"w\n" +
 	"\x05Share\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\x01R\x05value\"\x8a\x01\n" +
+	"\x05value\x18\x03 \x01(\x01R\x05value\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x8a\x01\n" +
 	"\rAssignmentAck\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
@@ -1028,13 +1050,14 @@ var file_allot_v1_coordinator_proto_depIdxs = []int32{
 	8,  // 10: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
 	12, // 11: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
 	9,  // 12: allot.v1.Grant.weights:type_name -> allot.v1.Weight
-	0,  // 13: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
-	1,  // 14: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
-	14, // [14:15] is the sub-list for method output_type
-	13, // [13:14] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	12, // 13: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
+	0,  // 14: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
+	1,  // 15: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
+	15, // [15:16] is the sub-list for method output_type
+	14, // [14:15] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_coordinator_proto_init() }
