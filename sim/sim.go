@@ -115,6 +115,7 @@ type world struct {
 	term  int64
 	snap  coordinator.Snapshot // what was persisted
 	cut   map[string]bool      // regions partitioned from the coordinator and peers
+	tally map[string]*tally    // by local limit (coordinated systems)
 }
 
 // region is one region of a system.
@@ -139,6 +140,20 @@ type instance struct {
 	id string
 	x  *coordinator.Instance // nil in the naive and ideal systems
 	at time.Time             // At of its latest report
+	// What it applies of each local limit (see tally): its default share,
+	// and its hot keys' own shares.
+	def map[string]float64
+	own map[string]map[string]float64
+}
+
+// tally is, for one local limit of a coordinated system, the sum over
+// every instance of every region of what it applies for each key: def is
+// Σ default shares, adj[key] Σ (own − default) over the instances with a
+// share of their own for key. So Σ of key's shares in force is def +
+// adj[key], kept up to date at every share change (checkShares).
+type tally struct {
+	def float64
+	adj map[string]float64
 }
 
 // e is the engine of a region that runs one (shared mode, peers).
@@ -336,6 +351,7 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 				return err
 			}
 			in.x = x
+			w.track(in)
 			w.setShares(r, in, x.Shares()) // an instance holds nothing until granted
 			r.inst = append(r.inst, in)
 		}
@@ -400,9 +416,63 @@ func (w *world) setShares(r *region, in *instance, shares []coordinator.Share) {
 			panic(fmt.Sprintf("%s: apply %+v: %v", in.id, shares[i:j], err)) // the Instance validated them
 		}
 		for _, s := range shares[i:j] {
+			w.tallyShare(in, s)
 			w.checkShares(s)
 		}
 		i = j
+	}
+}
+
+// track starts tallying what instance in applies of every local limit,
+// from its engine's shares now.
+func (w *world) track(in *instance) {
+	if w.tally == nil {
+		w.tally = map[string]*tally{}
+	}
+	in.def, in.own = map[string]float64{}, map[string]map[string]float64{}
+	for _, l := range w.dom.Limits {
+		if l.Enforcement != allot.Local {
+			continue
+		}
+		t := w.tally[l.Name]
+		if t == nil {
+			t = &tally{adj: map[string]float64{}}
+			w.tally[l.Name] = t
+		}
+		in.def[l.Name] = in.e.Share(w.dom.Name, l.Name, "")
+		in.own[l.Name] = map[string]float64{}
+		t.def += in.def[l.Name]
+	}
+}
+
+// tallyShare records that instance in applied s.
+func (w *world) tallyShare(in *instance, s coordinator.Share) {
+	t := w.tally[s.Limit]
+	if t == nil || in.def == nil {
+		return // not a local limit
+	}
+	own := in.own[s.Limit]
+	if s.Key == "" {
+		d := s.Value - in.def[s.Limit]
+		in.def[s.Limit] = s.Value
+		t.def += d
+		for k := range own {
+			t.adj[k] -= d
+		}
+		return
+	}
+	old, had := own[s.Key]
+	switch {
+	case s.Value < 0 && had:
+		t.adj[s.Key] -= old - in.def[s.Limit]
+		delete(own, s.Key)
+	case s.Value < 0:
+	case had:
+		t.adj[s.Key] += s.Value - old
+		own[s.Key] = s.Value
+	default:
+		t.adj[s.Key] += s.Value - in.def[s.Limit]
+		own[s.Key] = s.Value
 	}
 }
 
@@ -750,6 +820,10 @@ func (w *world) checkShares(s coordinator.Share) {
 	key := s.Key
 	if key == "" {
 		key = w.keys.hotName // the default vector, as the watched key sees it
+	}
+	if t := w.tally[s.Limit]; t != nil { // a local limit: every instance's part, summed
+		w.m.shareSum = max(w.m.shareSum, t.def+t.adj[key])
+		return
 	}
 	sum := 0.0
 	for _, r := range w.region {
