@@ -16,7 +16,7 @@ const (
 	// renewal. The coordinator renews every live instance's grant at every
 	// rebalance, so only an instance cut off from every coordinator for
 	// longer than this holds nothing (see Fleet).
-	DefaultGrantTTL = 15 * time.Second
+	DefaultGrantTTL = time.Minute
 	// DefaultMaxSkew is the clock skew between a coordinator and an
 	// instance that Fleet tolerates: a grant is reclaimed only once its
 	// expiry plus this has passed on the coordinator's clock.
@@ -102,6 +102,7 @@ type Fleet struct {
 	regionOf map[string]int
 	quiet    time.Time // until then, instances of an earlier leader may hold grants
 	next     time.Time // of the next weight rebalance
+	members  bool      // the instances that may hold grants changed: persist them
 	stats    FleetStats
 }
 
@@ -127,6 +128,10 @@ type fleetRegion struct {
 	// fresh: no instance of the region has held share yet, in a domain
 	// that never had a leader before this Fleet.
 	fresh bool
+	// awaiting are the instances the previous leader persisted as members
+	// that have not attached yet: until they have (or Fleet.quiet), they
+	// may hold grants this Fleet does not know.
+	awaiting map[string]bool
 }
 
 type fleetInstance struct {
@@ -204,6 +209,22 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 	if prev == nil {
 		if snap.Term > 0 { // an earlier leader may have granted
 			f.quiet = now.Add(cfg.GrantTTL + cfg.MaxSkew)
+			if snap.Members != nil {
+				// It said whom: a region waits only until those attached.
+				for _, m := range snap.Members {
+					if i, ok := f.regionOf[m.Region]; ok {
+						fr := f.regions[i]
+						if fr.awaiting == nil {
+							fr.awaiting = map[string]bool{}
+						}
+						fr.awaiting[m.Instance] = true
+					}
+				}
+			} else {
+				for _, fr := range f.regions {
+					fr.awaiting = map[string]bool{"": true} // not known: wait for the expiry
+				}
+			}
 		}
 		return f, nil
 	}
@@ -291,7 +312,9 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 		}
 		fr.insts = append(fr.insts, in)
 		fr.byID[id] = in
+		f.members = true
 	}
+	delete(fr.awaiting, id)
 	in.attached, in.full, in.heard = true, false, now
 	if hello.Term == f.co.term && hello.Version <= fr.sent {
 		in.acked = max(in.acked, hello.Version)
@@ -302,7 +325,24 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 	rd := f.evalAck(now, fr)
 	f.moveWeights(now, fr, true, &rd) // a part for it at once, if one is free
 	rd.Send = append(rd.Send, f.fullGrant(now, fr, in))
+	f.membersOut(&rd)
 	return rd, nil
+}
+
+// membersOut adds the instances that may hold grants to rd when they
+// changed.
+func (f *Fleet) membersOut(rd *Ready) {
+	if !f.members {
+		return
+	}
+	f.members = false
+	rd.Term = f.co.term
+	rd.Members = []Member{}
+	for _, fr := range f.regions {
+		for _, in := range fr.insts {
+			rd.Members = append(rd.Members, Member{Region: fr.name, Instance: in.id})
+		}
+	}
 }
 
 // Detach tells the Fleet that an instance's stream ended. It keeps
@@ -362,6 +402,13 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 				ErrBadVersion, m.Region, id, m.Term, m.Version, m.Seq, f.co.term, fr.sent, in.seq)
 		}
 		in.heard = now
+		if m.Leaving { // it holds nothing: what it held is free at once
+			f.leave(fr, in)
+			rd := f.evalAck(now, fr)
+			f.moveWeights(now, fr, true, &rd)
+			f.membersOut(&rd)
+			return rd, nil
+		}
 		in.acked = max(in.acked, m.Version)
 		freed := f.ackSeq(in, m.Seq)
 		rd := f.evalAck(now, fr)
@@ -387,6 +434,15 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 	return Ready{}, nil
 }
 
+// leave removes instance in of fr, which holds nothing.
+func (f *Fleet) leave(fr *fleetRegion, in *fleetInstance) {
+	delete(fr.byID, in.id)
+	if i := slices.Index(fr.insts, in); i >= 0 {
+		fr.insts = slices.Delete(fr.insts, i, i+1)
+	}
+	f.members = true
+}
+
 // ackSeq records that in applied grant seq; it reports whether that
 // confirmed a change of its weights (which may free weight for others).
 func (f *Fleet) ackSeq(in *fleetInstance, seq uint64) bool {
@@ -399,6 +455,12 @@ func (f *Fleet) ackSeq(in *fleetInstance, seq uint64) bool {
 		in.w[j].confirm()
 	}
 	return true
+}
+
+// quietIn reports whether instances of fr that this Fleet does not know
+// may hold grants of an earlier leader at now.
+func (f *Fleet) quietIn(now time.Time, fr *fleetRegion) bool {
+	return len(fr.awaiting) > 0 && now.Before(f.quiet)
 }
 
 // holds reports whether instance in may be applying share at now: one
@@ -425,7 +487,7 @@ func (f *Fleet) renewable(now time.Time, in *fleetInstance) bool {
 // instance that may hold share has acked, if the Coordinator has not had
 // it. A region none of whose instances holds anything acks its latest.
 func (f *Fleet) evalAck(now time.Time, fr *fleetRegion) Ready {
-	if now.Before(f.quiet) {
+	if f.quietIn(now, fr) {
 		return Ready{}
 	}
 	v := fr.sent
@@ -465,11 +527,13 @@ func (f *Fleet) Tick(now time.Time) Ready {
 			}
 			delete(fr.byID, in.id)
 			fr.insts = slices.Delete(fr.insts, i, i+1)
+			f.members = true
 		}
 		merge(&rd, f.evalAck(now, fr))
 	}
 	merge(&rd, f.fanOut(now, f.co.Tick(now)))
 	if now.Before(f.next) {
+		f.membersOut(&rd)
 		return rd
 	}
 	f.next = now.Add(f.co.cfg.Period)
@@ -482,6 +546,7 @@ func (f *Fleet) Tick(now time.Time) Ready {
 			}
 		}
 	}
+	f.membersOut(&rd)
 	return rd
 }
 
@@ -573,7 +638,7 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, rd *R
 	if len(f.weighted) == 0 || len(fr.insts) == 0 {
 		return
 	}
-	quiet := now.Before(f.quiet)
+	quiet := f.quietIn(now, fr)
 	for j, l := range f.weighted {
 		cs := fr.cells[:0]
 		for _, in := range fr.insts {

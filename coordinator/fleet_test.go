@@ -392,3 +392,55 @@ func TestFleetFreshGrants(t *testing.T) {
 		}
 	}
 }
+
+// An instance that leaves (a graceful stop) frees what it held at once;
+// the instances that may hold grants are persisted when they change, and
+// a new leader waits only until those have attached, not for their grants
+// to expire.
+func TestFleetLeaveAndMembers(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b := w.start("us-east", "a"), w.start("us-east", "b")
+	w.connect(a)
+	w.connect(b)
+	w.run(4*time.Second, map[*fleetInst]float64{a: 500, b: 500})
+	if w.loc(b) == 0 {
+		t.Fatal("b holds nothing")
+	}
+	shares, ack := b.x.Leave()
+	b.apply(shares)
+	ack.Instance = b.id
+	rd, err := w.f.Step(w.now, ack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rd.Members) != 1 || rd.Members[0].Instance != "a" {
+		t.Fatalf("members after b left: %+v, want a alone", rd.Members)
+	}
+	b.up = false
+	w.out(rd)
+	w.run(3*time.Second, map[*fleetInst]float64{a: 500})
+	if got := w.loc(a); got < 0.45 {
+		t.Fatalf("a applies %v of the local limit %v after b left; want us-east's whole share", got, 3*time.Second)
+	}
+
+	// A new leader knows a may hold a grant: it raises nothing and acks
+	// nothing for us-east until a has attached, then goes on at once.
+	cfg := w.f.cfg
+	cfg.Coordinator.Term++
+	f2, err := NewFleet(w.now, cfg, Snapshot{Term: cfg.Coordinator.Term - 1, Members: rd.Members}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr := f2.regions[f2.regionOf["us-east"]]
+	if !f2.quietIn(w.now, fr) {
+		t.Fatal("the new leader does not wait for a")
+	}
+	a.x.Reconnect()
+	hello, ws := a.x.Hello()
+	if _, err := f2.Attach(w.now, "us-east", "a", false, hello, ws); err != nil {
+		t.Fatal(err)
+	}
+	if f2.quietIn(w.now, fr) {
+		t.Fatal("the new leader still waits once every member attached")
+	}
+}

@@ -257,6 +257,15 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 	return x.diff(), ack, nil
 }
 
+// Leave drops every share to nothing for good (a graceful stop) and
+// returns the shares to apply and the ack that tells the coordinator so.
+func (x *Instance) Leave() ([]Share, Ack) {
+	x.held, x.legacy = false, false
+	ack, _ := x.Hello()
+	ack.Leaving = true
+	return x.diff(), ack
+}
+
 // Expire drops every share to nothing once the grant in force has expired
 // at now, and returns the shares to apply.
 func (x *Instance) Expire(now time.Time) []Share {

@@ -88,6 +88,9 @@ type Ack struct {
 	// latest Grant of the term it applied (0: none).
 	Instance string
 	Seq      uint64
+	// Leaving says the instance holds nothing any more and is going away
+	// (a graceful stop): what it held is reclaimable at once.
+	Leaving bool
 }
 
 func (Report) message() {}
@@ -167,6 +170,9 @@ type Snapshot struct {
 	Term    int64
 	Version uint64
 	Records []Record
+	// Members are the instances that may hold grants of the leader that
+	// persisted them (nil: not known).
+	Members []Member
 }
 
 // Record is the persisted state of one share vector: a limit's default
@@ -210,6 +216,16 @@ type Ready struct {
 	Version uint64 // every assignment of this Ready or earlier has a version ≤ Version
 	Persist []Record
 	Send    []Assignment
+	// Members, when not nil, is every instance that may hold a grant now
+	// (a Fleet's, when it changed): persisted with the records, before the
+	// assignments are sent, so that a new leader knows whom to wait for.
+	Members []Member
+}
+
+// Member is an instance of a region that may hold a grant.
+type Member struct {
+	Region   string
+	Instance string
 }
 
 // Stats are a Coordinator's counters and gauges, for metrics.

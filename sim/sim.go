@@ -622,7 +622,7 @@ func (w *world) toCoord(r *region, m coordinator.Message) {
 // ready persists, then sends each assignment to its instance, as the
 // coordinator's driver does.
 func (w *world) ready(rd coordinator.Ready) {
-	if len(rd.Persist) > 0 {
+	if len(rd.Persist) > 0 || rd.Members != nil {
 		w.persist(rd)
 	}
 	gen := w.gen
@@ -664,7 +664,12 @@ func (w *world) persist(rd coordinator.Ready) {
 			w.snap.Records = append(w.snap.Records, rec)
 		}
 	}
-	w.snap.Term, w.snap.Version = rd.Term, rd.Version
+	if rd.Members != nil {
+		w.snap.Members = rd.Members
+	}
+	if len(rd.Persist) > 0 {
+		w.snap.Term, w.snap.Version = rd.Term, rd.Version
+	}
 }
 
 // apply is an instance's driver (regional/coordclient): lowerings first,

@@ -29,13 +29,19 @@ type recordJSON struct {
 	Cells []cellJSON `json:"cells"`
 }
 
+type memberJSON struct {
+	Region   string `json:"region"`
+	Instance string `json:"instance"`
+}
+
 type cellJSON struct {
 	Region string  `json:"region"`
 	Share  float64 `json:"share"`
 	Bound  float64 `json:"bound"`
 }
 
-// Persist writes r's records and then its Term and Version under domain,
+// Persist writes r's records, its Members when not nil, and then its Term
+// and Version (when it has records) under domain,
 // in transactions fenced by l: each succeeds only while l's election key
 // has create revision l.Term. A Record without Cells deletes the vector's
 // record. A Ready without records writes nothing (its assignments repeat
@@ -49,7 +55,7 @@ func (s *Store) Persist(ctx context.Context, l *Leadership, domain string, r coo
 		return fmt.Errorf("%w: persist to domain %q with the leadership of %q", ErrNotLeader, domain, l.Domain)
 	case r.Term != l.Term:
 		return fmt.Errorf("%w: Ready of term %d, leadership of term %d", ErrNotLeader, r.Term, l.Term)
-	case len(r.Persist) == 0:
+	case len(r.Persist) == 0 && r.Members == nil:
 		return nil
 	}
 	ops := make([]clientv3.Op, 0, len(r.Persist)+1)
@@ -76,9 +82,20 @@ func (s *Store) Persist(ctx context.Context, l *Leadership, domain string, r coo
 		at[k] = len(ops)
 		ops, sizes = append(ops, op), append(sizes, n)
 	}
-	meta, _ := json.Marshal(metaJSON{Term: r.Term, Version: r.Version})
-	mk := s.metaKey(domain)
-	ops, sizes = append(ops, clientv3.OpPut(mk, string(meta))), append(sizes, len(mk)+len(meta))
+	if r.Members != nil {
+		ms := make([]memberJSON, len(r.Members))
+		for i, m := range r.Members {
+			ms[i] = memberJSON(m)
+		}
+		b, _ := json.Marshal(ms)
+		k := s.membersKey(domain)
+		ops, sizes = append(ops, clientv3.OpPut(k, string(b))), append(sizes, len(k)+len(b))
+	}
+	if len(r.Persist) > 0 { // a Ready of members only does not move the version
+		meta, _ := json.Marshal(metaJSON{Term: r.Term, Version: r.Version})
+		mk := s.metaKey(domain)
+		ops, sizes = append(ops, clientv3.OpPut(mk, string(meta))), append(sizes, len(mk)+len(meta))
+	}
 
 	fence := clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.Term)
 	for len(ops) > 0 {
@@ -106,7 +123,7 @@ func (s *Store) Persist(ctx context.Context, l *Leadership, domain string, r coo
 // coordinator.New, a restarting region to coordinator.NewApplier.
 func (s *Store) Snapshot(ctx context.Context, domain string) (coordinator.Snapshot, error) {
 	var snap coordinator.Snapshot
-	pfx, mk := s.assignKey(domain), s.metaKey(domain)
+	pfx, mk, memk := s.assignKey(domain), s.metaKey(domain), s.membersKey(domain)
 	end := clientv3.GetPrefixRangeEnd(pfx)
 	var rev int64 // of the first page, at which the others are read; 0: the latest
 	for from := pfx; ; {
@@ -121,6 +138,17 @@ func (s *Store) Snapshot(ctx context.Context, domain string) (coordinator.Snapsh
 					return coordinator.Snapshot{}, fmt.Errorf("%w: %s: %v", ErrBadRecord, kv.Key, err)
 				}
 				snap.Term, snap.Version = m.Term, m.Version
+				continue
+			}
+			if string(kv.Key) == memk {
+				var ms []memberJSON
+				if err := json.Unmarshal(kv.Value, &ms); err != nil {
+					return coordinator.Snapshot{}, fmt.Errorf("%w: %s: %v", ErrBadRecord, kv.Key, err)
+				}
+				snap.Members = make([]coordinator.Member, len(ms))
+				for i, m := range ms {
+					snap.Members[i] = coordinator.Member(m)
+				}
 				continue
 			}
 			var v recordJSON

@@ -80,6 +80,7 @@ func (s *Store) domainKey(domain string) string {
 func (s *Store) electionKey(domain string) string { return s.domainKey(domain) + "election" }
 func (s *Store) assignKey(domain string) string   { return s.domainKey(domain) + "assignments/" }
 func (s *Store) metaKey(domain string) string     { return s.assignKey(domain) + "meta" }
+func (s *Store) membersKey(domain string) string  { return s.assignKey(domain) + "members" }
 func (s *Store) recordKey(domain, limit, key string) string {
 	return s.assignKey(domain) + "records/" + url.PathEscape(limit) + "/" + url.PathEscape(key)
 }

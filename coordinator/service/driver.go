@@ -215,10 +215,10 @@ func (d *driver) handle(now time.Time, in inbound) coordinator.Ready {
 
 // ready persists rd, then sends its assignments.
 func (d *driver) ready(ctx context.Context, rd coordinator.Ready) error {
-	if len(rd.Persist) == 0 && len(rd.Send) == 0 {
+	if len(rd.Persist) == 0 && len(rd.Send) == 0 && rd.Members == nil {
 		return nil
 	}
-	if len(rd.Persist) > 0 {
+	if len(rd.Persist) > 0 || rd.Members != nil {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := d.s.opts.Store.Persist(pctx, d.lead, d.domain, rd)
 		cancel()

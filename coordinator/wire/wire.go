@@ -28,7 +28,7 @@ func Report(r coordinator.Report) *allotv1.RegionMessage {
 
 // Ack converts an ack for the wire.
 func Ack(a coordinator.Ack) *allotv1.RegionMessage {
-	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Ack{Ack: &allotv1.AssignmentAck{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, GrantSeq: a.Seq}}}
+	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Ack{Ack: &allotv1.AssignmentAck{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, GrantSeq: a.Seq, Leaving: a.Leaving}}}
 }
 
 // Hello converts an instance's hello (its latest ack and the weights it
@@ -126,7 +126,7 @@ func FromRegion(domain, region string, m *allotv1.RegionMessage) (coordinator.Me
 		if a.GetDomain() != domain || a.GetRegion() != region {
 			return nil, fmt.Errorf("ack for %s/%s on the stream of %s/%s", a.GetDomain(), a.GetRegion(), domain, region)
 		}
-		return coordinator.Ack{Domain: domain, Region: region, Term: a.GetTerm(), Version: a.GetVersion(), Seq: a.GetGrantSeq()}, nil
+		return coordinator.Ack{Domain: domain, Region: region, Term: a.GetTerm(), Version: a.GetVersion(), Seq: a.GetGrantSeq(), Leaving: a.GetLeaving()}, nil
 	}
 	return nil, fmt.Errorf("a message that is neither a report nor an ack")
 }

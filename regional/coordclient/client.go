@@ -75,7 +75,9 @@ type link struct {
 	mu      sync.Mutex
 	inst    *coordinator.Instance // guarded by mu
 	reports chan coordinator.Report
-	renewed chan struct{} // a grant with a new expiry was applied
+	renewed chan struct{}        // a grant with a new expiry was applied
+	leave   chan coordinator.Ack // Leave's ack, for the stream to send
+	left    chan struct{}        // closed once it was sent
 }
 
 // New returns a Client; Run starts it.
@@ -153,7 +155,8 @@ func (c *Client) Start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		l := &link{domain: d.Name, inst: inst, reports: make(chan coordinator.Report, 1), renewed: make(chan struct{}, 1)}
+		l := &link{domain: d.Name, inst: inst, reports: make(chan coordinator.Report, 1), renewed: make(chan struct{}, 1),
+			leave: make(chan coordinator.Ack, 1), left: make(chan struct{})}
 		c.apply(l, inst.Shares()) // every share to 0
 		c.mu.Lock()
 		c.domains[d.Name] = l
@@ -178,6 +181,34 @@ func (c *Client) Ready() error {
 		}
 	}
 	return nil
+}
+
+// Leave drops every share of every linked domain to nothing for good and
+// tells the coordinators so, waiting until ctx ends at most: what this
+// instance held is then reclaimable at once instead of after its grants
+// expire. Call it on a graceful stop, once no request is served any more,
+// before Run's context ends.
+func (c *Client) Leave(ctx context.Context) {
+	c.mu.Lock()
+	links := slices.Collect(maps.Values(c.domains))
+	c.mu.Unlock()
+	for _, l := range links {
+		l.mu.Lock()
+		shares, ack := l.inst.Leave()
+		c.apply(l, shares)
+		l.mu.Unlock()
+		select {
+		case l.leave <- ack:
+		default:
+		}
+	}
+	for _, l := range links {
+		select {
+		case <-l.left:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // Reconfigure follows a new configuration of the engine: limits it adds
@@ -396,6 +427,13 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 			msg = wire.Report(r)
 		case a := <-acks:
 			msg = wire.Ack(a)
+		case a := <-l.leave:
+			if err := st.Send(wire.Ack(a)); err != nil {
+				return err
+			}
+			close(l.left)
+			<-ctx.Done() // nothing more to say
+			return nil
 		}
 		if err := st.Send(msg); err != nil {
 			return err

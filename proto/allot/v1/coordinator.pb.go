@@ -860,12 +860,15 @@ func (x *Share) GetSince() *timestamppb.Timestamp {
 }
 
 type AssignmentAck struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
-	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
-	Term          int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
-	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
-	GrantSeq      uint64                 `protobuf:"varint,5,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"` // latest grant of this term applied (0: none)
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Domain   string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Region   string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Term     int64                  `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	Version  uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	GrantSeq uint64                 `protobuf:"varint,5,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"` // latest grant of this term applied (0: none)
+	// leaving: the instance holds nothing any more and is stopping; what it
+	// held is reclaimable at once
+	Leaving       bool `protobuf:"varint,6,opt,name=leaving,proto3" json:"leaving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +938,13 @@ func (x *AssignmentAck) GetGrantSeq() uint64 {
 	return 0
 }
 
+func (x *AssignmentAck) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
+}
+
 var File_allot_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_allot_v1_coordinator_proto_rawDesc = "" +
@@ -998,13 +1008,14 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\x01R\x05value\x120\n" +
-	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x8a\x01\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\xa4\x01\n" +
 	"\rAssignmentAck\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x1b\n" +
-	"\tgrant_seq\x18\x05 \x01(\x04R\bgrantSeq2S\n" +
+	"\tgrant_seq\x18\x05 \x01(\x04R\bgrantSeq\x12\x18\n" +
+	"\aleaving\x18\x06 \x01(\bR\aleaving2S\n" +
 	"\vCoordinator\x12D\n" +
 	"\aConnect\x12\x17.allot.v1.RegionMessage\x1a\x1c.allot.v1.CoordinatorMessage(\x010\x01B3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
