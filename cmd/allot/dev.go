@@ -31,6 +31,11 @@ type devFlags struct {
 	etcdAddr  string
 	dataDir   string
 	period    time.Duration
+	// keepConfig: a configuration already in etcd (an earlier run's, in
+	// --data-dir) stays in force at start unless --config names a file.
+	// allot dev keeps it; allot demo, whose story is written for the
+	// built-in example, does not.
+	keepConfig bool
 }
 
 func (f *devFlags) register(fs *flag.FlagSet) {
@@ -38,7 +43,7 @@ func (f *devFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.regions, "regions", "us-east,eu-west,ap-south", "regions to run; region i listens on the first region's ports + 10·i")
 	fs.StringVar(&f.coordAddr, "coordinator-addr", "127.0.0.1:8070", "the coordinator's gRPC listen address")
 	fs.StringVar(&f.etcdAddr, "etcd-addr", "127.0.0.1:2479", "the embedded etcd's client address (its peer address is the next port)")
-	fs.StringVar(&f.dataDir, "data-dir", "", "the embedded etcd's data folder; default: a temporary folder removed at exit")
+	fs.StringVar(&f.dataDir, "data-dir", "", "the embedded etcd's data folder, kept across restarts: configuration versions, overrides, plans and shares; default: a temporary folder removed at exit (nothing is kept)")
 	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often the coordinator recomputes shares")
 }
 
@@ -46,9 +51,14 @@ func (f *devFlags) register(fs *flag.FlagSet) {
 // and several regions in one process.
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("allot dev", "usage: allot dev [flags]\n\nThe embedded default: an embedded etcd, a coordinator and three regions in one process,\n"+
-		"enforcing the built-in example limits in memory. SIGHUP reloads --config.", stderr)
+		"enforcing the built-in example limits in memory. SIGHUP reloads --config.\n\n"+
+		"It is ephemeral by default: etcd's data (configuration versions, overrides, plans, shares) is in a\n"+
+		"temporary folder removed at exit, and the next start is back at configuration version 1. With\n"+
+		"--data-dir DIR it is kept in DIR: a restart keeps the configuration in force there (and its version)\n"+
+		"unless --config names a file, which is then stored as a new version if it differs.", stderr)
 	var f devFlags
 	f.register(fs)
+	f.keepConfig = true
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
@@ -79,7 +89,9 @@ type devCluster struct {
 	coordAdvertise string // the same when some domain is coordinated, else ""
 	etcd           string // the embedded etcd's client address
 	coordinated    []string
-	version        int64    // the configuration version seeded in etcd
+	version        int64    // the configuration version in force in etcd at start
+	dataDir        string   // etcd's data folder; "" when temporary (ephemeral)
+	kept           bool     // the configuration in etcd was kept (an earlier run's)
 	cleanup        []func() // run in reverse order by close
 }
 
@@ -98,7 +110,7 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	if err != nil {
 		return nil, err
 	}
-	c := &devCluster{cfg: cfg, log: log, coordinated: coordinatedDomains(cfg, names)}
+	c := &devCluster{log: log, dataDir: f.dataDir}
 	defer func() {
 		if err != nil {
 			c.close()
@@ -131,9 +143,21 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	}
 	c.cleanup = append(c.cleanup, func() { cli.Close() })
 	c.store = etcdstore.New(cli, "")
-	if c.version, err = seedConfig(ctx, c.store, f.config); err != nil {
-		return nil, err
+	if f.keepConfig && f.config == "" {
+		var kept *allot.Config
+		if kept, c.version, err = keptConfig(ctx, c.store); err != nil {
+			return nil, err
+		}
+		if kept != nil {
+			cfg, c.kept = kept, true
+		}
 	}
+	if !c.kept {
+		if c.version, err = seedConfig(ctx, c.store, f.config); err != nil {
+			return nil, err
+		}
+	}
+	c.cfg, c.coordinated = cfg, coordinatedDomains(cfg, names)
 
 	// The coordinator's gRPC server: the Admin API (allotctl), and
 	// allot.v1.Coordinator when some domain spans the dev regions.
@@ -252,6 +276,28 @@ func seedConfig(ctx context.Context, store *etcdstore.Store, path string) (int64
 	return v.Version, nil
 }
 
+// keptConfig returns the configuration in force in etcd and its version,
+// or nil when etcd holds none (a new data folder). It is named after the
+// built-in example when it is the example.
+func keptConfig(ctx context.Context, store *etcdstore.Store) (*allot.Config, int64, error) {
+	cur, err := store.Version(ctx, 0)
+	switch {
+	case errors.Is(err, etcdstore.ErrNoConfig):
+		return nil, 0, nil
+	case err != nil:
+		return nil, 0, fmt.Errorf("dev: read the config version in etcd: %w", err)
+	}
+	name := fmt.Sprintf("etcd:config@%d", cur.Version)
+	if cur.YAML == string(examples.LimitsYAML) {
+		name = examples.LimitsName
+	}
+	cfg, err := allot.ParseConfig(name, []byte(cur.YAML))
+	if err != nil {
+		return nil, 0, fmt.Errorf("dev: the configuration in --data-dir (version %d) does not load; start with --config FILE to store another: %w", cur.Version, err)
+	}
+	return cfg, cur.Version, nil
+}
+
 // followConfig makes the coordinator follow the configuration in etcd,
 // from the version after the one it started with, as `allot coordinator`
 // does.
@@ -289,6 +335,11 @@ func coordinatedDomains(cfg *allot.Config, regions []string) []string {
 
 func printDev(w io.Writer, c *devCluster) {
 	printCluster(w, "allot dev", c)
+	if c.kept && c.cfg.Source != examples.LimitsName {
+		fmt.Fprintf(w, "\nThe configuration kept in %s is in force (allotctl limits history); --config FILE would store FILE instead.\n", c.dataDir)
+		fmt.Fprintf(w, "Metrics: http://%s/metrics   Stop with Ctrl-C.\n", c.nodes[0].httpAddr)
+		return
+	}
 	first := c.nodes[0]
 	fmt.Fprintf(w, "\nTry it: user 42 may send 30/s with a burst of 15 over all regions; %s starts with 35%% of it,\n", first.name)
 	fmt.Fprintf(w, "so the 6th request in a row gets a 429:\n")
@@ -300,6 +351,15 @@ func printDev(w io.Writer, c *devCluster) {
 // printCluster prints what c serves where, under the command's name.
 func printCluster(w io.Writer, name string, c *devCluster) {
 	fmt.Fprintf(w, "%s: %d regions enforcing %s, configuration version %d in etcd\n", name, len(c.nodes), c.cfg.Source, c.version)
+	switch {
+	case c.dataDir == "":
+		fmt.Fprintf(w, "  ephemeral: etcd's data (configuration versions, overrides, plans, shares) is removed at exit;\n")
+		fmt.Fprintf(w, "  the next start is back at version 1. --data-dir DIR keeps it across restarts.\n")
+	case c.kept:
+		fmt.Fprintf(w, "  state kept in %s (--data-dir): version %d is the configuration an earlier run left in force\n", c.dataDir, c.version)
+	default:
+		fmt.Fprintf(w, "  state kept in %s (--data-dir): configuration versions, overrides, plans and shares survive a restart\n", c.dataDir)
+	}
 	for _, n := range c.nodes {
 		fmt.Fprintf(w, "  region %-9s gRPC %-16s HTTP http://%s\n", n.name, n.grpcAddr, n.httpAddr)
 	}

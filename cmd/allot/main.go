@@ -12,12 +12,9 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"text/tabwriter"
-	"time"
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/deploy/examples"
-	"github.com/allot-dev/allot/regional"
 )
 
 func main() {
@@ -98,69 +95,6 @@ func runValidate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	return nil
-}
-
-func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("allot check", "usage: allot check [flags]\n\nPlays COUNT requests, INTERVAL apart on a virtual clock, against the in-memory engine.", stderr)
-	var (
-		config   = fs.String("config", "", "limits file (default: the built-in "+examples.LimitsName+")")
-		domain   = fs.String("domain", "api", "domain of the requests")
-		desc     = fs.String("descriptor", "tenant=globex,user=42", "the requests' descriptor: key=value,...")
-		hits     = fs.Int64("hits", 1, "cost of each request")
-		count    = fs.Int("count", 8, "number of requests")
-		interval = fs.Duration("interval", 0, "virtual time between requests")
-	)
-	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
-		return err
-	}
-	if *count < 1 || *count > 1_000_000 {
-		return fmt.Errorf("check: --count must be between 1 and 1000000, got %d", *count)
-	}
-	if *interval < 0 {
-		return fmt.Errorf("check: --interval must not be negative, got %v", *interval)
-	}
-	d, err := parseDescriptor(*desc)
-	if err != nil {
-		return fmt.Errorf("check: --descriptor: %w", err)
-	}
-	cfg, err := loadConfig(*config)
-	if err != nil {
-		return err
-	}
-	e := regional.New(cfg, regional.Options{})
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tat\tdecision\tretry_after\tlimits (name: remaining/limit)")
-	now := time.Now()
-	var dec allot.Decision
-	for i := range *count {
-		if ctx.Err() != nil {
-			break
-		}
-		at := time.Duration(i) * *interval
-		if err := e.Check(now.Add(at), *domain, d, *hits, &dec); err != nil {
-			return err
-		}
-		verdict, retry := "allow", "-"
-		if !dec.Allowed {
-			verdict, retry = "REJECT (429)", dec.RetryAfter.String()
-		}
-		var parts []string
-		for _, st := range dec.Statuses {
-			p := fmt.Sprintf("%s: %d/%d", st.Name, st.Remaining, st.Limit)
-			if st.Shadow {
-				p += " (shadow)"
-			}
-			if !st.Allowed {
-				p += " ✗"
-			}
-			parts = append(parts, p)
-		}
-		if len(parts) == 0 {
-			parts = append(parts, "no limit matches")
-		}
-		fmt.Fprintf(tw, "%d\t+%v\t%s\t%s\t%s\n", i+1, at, verdict, retry, strings.Join(parts, ", "))
-	}
-	return tw.Flush()
 }
 
 // parseDescriptor parses "k1=v1,k2=v2".

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -181,6 +182,9 @@ type regionNode struct {
 	// ready, when coordinated, says whether the instance holds a grant
 	// (/readyz); nil: always ready.
 	ready func() error
+	// leave, when coordinated, gives up what the instance holds at a
+	// graceful stop (nil: nothing to give up).
+	leave func()
 	svc   *server.Service
 	// setConfig gives the node a new configuration (and, when
 	// coordinated, re-reads its assignments).
@@ -201,7 +205,7 @@ type regionNode struct {
 // startRegion serves one region: it listens, applies the persisted or
 // initial shares when coordinated, and starts serving and reporting.
 func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
-	log := spec.log.With("region", spec.name)
+	log := regionLogger(spec.log, spec.name)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	engine := regional.New(spec.cfg, regional.Options{MaxKeys: spec.maxKeys})
@@ -247,6 +251,11 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			if err := client.Reconfigure(context.Background()); err != nil {
 				log.Warn("assignments not re-read after a configuration change", "err", err)
 			}
+		}
+		n.leave = func() {
+			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			client.Leave(lctx)
+			cancel()
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		n.stopLink, n.linkDone = cancel, make(chan struct{})
@@ -307,6 +316,64 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	return n, nil
 }
 
+// regionLogger is log with region=name on every line, once: the
+// server, the peer syncer and the Enforcer, given it, add the region
+// again, which a text handler would print twice.
+func regionLogger(log *slog.Logger, name string) *slog.Logger {
+	return slog.New(onceHandler{h: log.Handler()}).With("region", name)
+}
+
+// onceHandler drops an attribute equal (key and value) to one the logger
+// already has at the top level, whether added by With or on a line.
+type onceHandler struct {
+	h     slog.Handler
+	attrs []slog.Attr // added by With before any group
+	group bool        // a group is open: attributes go in it
+}
+
+func (o onceHandler) seen(a slog.Attr) bool {
+	return !o.group && slices.ContainsFunc(o.attrs, a.Equal)
+}
+
+func (o onceHandler) Enabled(ctx context.Context, l slog.Level) bool { return o.h.Enabled(ctx, l) }
+
+func (o onceHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	var keep []slog.Attr
+	for _, a := range as {
+		if !o.seen(a) && !slices.ContainsFunc(keep, a.Equal) {
+			keep = append(keep, a)
+		}
+	}
+	n := onceHandler{h: o.h.WithAttrs(keep), group: o.group}
+	if !o.group {
+		n.attrs = append(slices.Clip(o.attrs), keep...)
+	}
+	return n
+}
+
+func (o onceHandler) WithGroup(name string) slog.Handler {
+	if name == "" {
+		return o
+	}
+	return onceHandler{h: o.h.WithGroup(name), group: true}
+}
+
+func (o onceHandler) Handle(ctx context.Context, r slog.Record) error {
+	dup := false
+	r.Attrs(func(a slog.Attr) bool { dup = o.seen(a); return !dup })
+	if !dup {
+		return o.h.Handle(ctx, r)
+	}
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		if !o.seen(a) {
+			out.AddAttrs(a)
+		}
+		return true
+	})
+	return o.h.Handle(ctx, out)
+}
+
 // stop shuts the node down gracefully (10 s at most).
 func (n *regionNode) stop() error {
 	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -319,6 +386,9 @@ func (n *regionNode) stop() error {
 	case <-done:
 	case <-shut.Done():
 		n.gs.Stop()
+	}
+	if n.leave != nil {
+		n.leave() // no request is served any more
 	}
 	n.stopLink()
 	<-n.linkDone
