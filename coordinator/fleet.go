@@ -153,9 +153,7 @@ type fleetInstance struct {
 }
 
 // streamReport is an instance's latest report as rates (cost per second)
-// over the interval since its previous report. The first report of an
-// instance gives no rate (there is no interval): it only marks keys near
-// their limit or with rejections as such.
+// over the interval since its previous report.
 type streamReport map[string]*limitRate // by limit
 
 type limitRate struct {
@@ -670,20 +668,27 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, rd *R
 
 // targets sets the target weights of limit l in fr (cs by instance): an
 // instance that does not know instances holds everything while it may
-// hold share; otherwise live instances share weightFloor evenly and the
-// rest by their demand, and the others head for 0.
+// hold share; one that is not renewed (silent, or cut off) keeps what it
+// has until its grant expires, as it cannot be taken back; the live ones
+// share the rest, weightFloor of it evenly and the rest by their demand.
+// Weights move only when one would move by more than weightHysteresis and
+// by more than a third of what it is, so that noise in the demand of
+// evenly loaded instances does not shuffle them.
 func (f *Fleet) targets(now time.Time, fr *fleetRegion, l string, cs []cell) {
 	legacy := -1
-	live, demand := 0, 0.0
+	live, demand, avail := 0, 0.0, 1.0
 	for i, in := range fr.insts {
-		if in.legacy && f.holds(now, in) {
+		switch {
+		case in.legacy && f.holds(now, in):
 			legacy = i
-		}
-		if f.renewable(now, in) && !in.legacy {
+		case f.renewable(now, in):
 			live++
 			demand += in.demand(l)
+		default:
+			avail -= float64(cs[i].share)
 		}
 	}
+	avail = max(avail, 0)
 	moved := false
 	want := make([]float32, len(cs))
 	for i, in := range fr.insts {
@@ -692,13 +697,16 @@ func (f *Fleet) targets(now time.Time, fr *fleetRegion, l string, cs []cell) {
 			if i == legacy {
 				want[i] = 1
 			}
-		case !f.renewable(now, in) || in.legacy:
+		case in.legacy:
+		case !f.renewable(now, in):
+			want[i] = cs[i].share // frozen until its grant expires
 		case demand > 0:
-			want[i] = down32(weightFloor/float64(live) + (1-weightFloor)*in.demand(l)/demand)
+			want[i] = down32(avail * (weightFloor/float64(live) + (1-weightFloor)*in.demand(l)/demand))
 		default:
-			want[i] = down32(1 / float64(live))
+			want[i] = down32(avail / float64(live))
 		}
-		if want[i] == 0 && cs[i].share != 0 || math.Abs(float64(want[i]-cs[i].share)) > weightHysteresis {
+		d := math.Abs(float64(want[i] - cs[i].share))
+		if d > weightHysteresis && d > float64(max(want[i], cs[i].share))/3 {
 			moved = true
 		}
 	}
@@ -748,13 +756,12 @@ func reportInterval(from, to time.Time) time.Duration {
 }
 
 // rates converts an instance's report into rates over the interval since
-// its previous report; the first report gives none.
+// its previous report (the first is taken to cover defaultReportInterval,
+// as the Coordinator takes a region's first).
 func rates(in *fleetInstance, m Report) streamReport {
 	sr := streamReport{}
-	var perSec float64
-	if !in.lastAt.IsZero() {
-		perSec = 1 / reportInterval(in.lastAt, m.At).Seconds()
-	}
+	perSec := 1 / reportInterval(in.lastAt, m.At).Seconds() // the first covers defaultReportInterval, as a region's does
+
 	for _, ld := range m.Limits {
 		lr := sr[ld.Limit]
 		if lr == nil {
