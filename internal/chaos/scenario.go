@@ -56,7 +56,7 @@ type Options struct {
 var DefaultFlows = []Flow{
 	{Domain: "api", Limit: "split-exact", DescKey: "user", Prefix: "u", Keys: 3, Rate: 180},    // 60/s per key, L 40
 	{Domain: "api", Limit: "split-leased", DescKey: "tenant", Prefix: "t", Keys: 2, Rate: 260}, // 130/s per key, L 100
-	{Domain: "api", Limit: "split-local", DescKey: "session", Prefix: "s", Keys: 2, Rate: 140},  // 70/s per key, L 50
+	{Domain: "api", Limit: "split-local", DescKey: "session", Prefix: "s", Keys: 2, Rate: 140}, // 70/s per key, L 50
 	{Domain: "api", Limit: "shared", DescKey: "app", Prefix: "a", Keys: 3, Rate: 240},          // 80/s per key, L 60
 	{Domain: "llm", Limit: "tokens", DescKey: "org", Prefix: "o", Keys: 2, Rate: 24, Reserve: true},
 }
@@ -155,7 +155,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	r.c, err = local.New(local.Options{
 		Dir: filepath.Join(o.Dir, "cluster"), Bin: o.Bin, Config: o.Config, Instances: o.Instances,
-		RegionalArgs:    []string{"--store-timeout", o.StoreTimeout.String(), "--log-level", o.LogLevel},
+		RegionalArgs: []string{"--store-timeout", o.StoreTimeout.String(), "--log-level", o.LogLevel},
 		// A grant TTL of 4 s, so that an instance cut off from the
 		// coordinators for a step outlives its grant.
 		CoordinatorArgs: []string{"--rebalance-period", "1s", "--grant-ttl", grantTTL.String(), "--log-level", o.LogLevel},
