@@ -164,6 +164,13 @@ func writeJSONResponse(w http.ResponseWriter, code int, v any) {
 // The first five only when d names a limit with a positive amount (the
 // enforcer, too, leaves out limits whose amount is 0). Headers it does not
 // set are left as they are.
+//
+// The names and syntax are the enforcer's; the policy's numbers are not
+// yet: the enforcer's q is what it enforces for the key (its region's
+// share of the burst, with pk naming the region, docs/design.md section
+// 8), while a Decision carries only the key's whole limit (Amount per
+// Window), so q here is that, with no pk: a policy over all regions.
+// Remaining is this gateway's view of the region's allowance in both.
 func SetRateLimitHeaders(h http.Header, d Decision) {
 	for _, f := range rateLimitFields(d) {
 		h.Set(f.key, f.value)

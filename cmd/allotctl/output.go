@@ -7,15 +7,17 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot-dev/allot/internal/wirejson"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// json prints m for scripts: protojson with the .proto field names.
+// json prints m for scripts: the proto3 JSON mapping with the .proto
+// field names, except that integers are JSON numbers and shares are
+// rounded to 4 decimals (internal/wirejson).
 func (c *cli) json(m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true}.Marshal(m)
+	b, err := wirejson.Marshal(m, wirejson.Options{Indent: "  ", Round: wirejson.Shares})
 	if err != nil {
 		return err
 	}

@@ -120,10 +120,18 @@ func TestRegionAdmin(t *testing.T) {
 
 func TestStatusPage(t *testing.T) {
 	s, c := newClockedService(t)
+	// Shares in force here as a coordinator would set them; the fleet's
+	// persisted shares hold per-user only: the other limits were never
+	// assigned, so they are on the initial split.
+	for limit, share := range map[string]float64{"per-user": 0.25, "per-tenant": 0.5, "shadowed": 0.5} {
+		if err := s.Engine().SetShare(c.now(), "api", limit, share); err != nil {
+			t.Fatal(err)
+		}
+	}
 	h := s.StatusHandler(AdminOptions{Refresh: 3 * time.Second,
 		ConfigVersion: func() (int64, error) { return 4, nil },
 		Shares: func(_ context.Context, domain string, limits []string) (map[string]map[string]float64, error) {
-			return map[string]map[string]float64{"per-user": {"us-east": 0.25, "eu-west": 0.75}}, nil
+			return map[string]map[string]float64{"per-user": {"us-east": 0.3, "eu-west": 0.75}}, nil
 		}})
 	get := func() string {
 		t.Helper()
@@ -140,14 +148,21 @@ func TestStatusPage(t *testing.T) {
 	page := get()
 	for _, want := range []string{
 		`<meta http-equiv="refresh" content="3">`, "region us-east", "configuration version 4",
-		"<td>per-user</td>", "eu-west 0.750 · us-east 0.250", `<span class="tag shadow">shadow</span>`,
-		"<td class=\"n\">2.5</td>", // per-user allowed 5 of 8 in 2s
-		"<td class=\"n\">1.5</td>", // and rejected 3
-		"5 allowed, 3 rejected, 0 would reject",
+		`<td class="name">per-user</td>`, `<span class="tag shadow">shadow</span>`,
+		// per-user: the fleet's persisted eu-west share, and us-east's in force
+		`<td class="line"><span>eu-west 0.750</span><span>us-east 0.250</span></td>`,
+		// per-tenant and shadowed: never assigned, the initial split; every region listed
+		`<td class="name">per-tenant</td>`, `<td class="line"><span>eu-west 0.500</span><span>us-east 0.500</span></td>`,
+		"<td class=\"n\">0.5</td>", // per-user allowed 1 of 8 in 2s (0.25 of burst 5: 1.25 tokens)
+		"<td class=\"n\">3.5</td>", // and rejected 7
+		"<span>1 allowed</span><span>7 rejected</span><span>0 would reject</span>",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)
 		}
+	}
+	if n := strings.Count(page, "<span>eu-west "); n != 3 {
+		t.Errorf("eu-west's share shown for %d limits, want 3:\n%s", n, page)
 	}
 	if strings.Contains(page, "<b>") || strings.Contains(page, "http://") || strings.Contains(page, "https://") {
 		t.Errorf("page holds a key or an external asset:\n%s", page)
@@ -156,6 +171,21 @@ func TestStatusPage(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest("POST", "/status", nil))
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Errorf("POST: %d", rec.Code)
+	}
+
+	// Without the fleet's shares (no etcd), or when they cannot be read,
+	// this region's alone.
+	for _, shares := range []func(context.Context, string, []string) (map[string]map[string]float64, error){
+		nil,
+		func(context.Context, string, []string) (map[string]map[string]float64, error) {
+			return nil, errors.New("etcd down")
+		},
+	} {
+		rec := httptest.NewRecorder()
+		s.StatusHandler(AdminOptions{Shares: shares}).ServeHTTP(rec, httptest.NewRequest("GET", "/status", nil))
+		if page := rec.Body.String(); !strings.Contains(page, `<td class="line"><span>us-east 0.500</span></td>`) || strings.Contains(page, "<span>eu-west") {
+			t.Errorf("without the fleet's shares:\n%s", page)
+		}
 	}
 }
 

@@ -2,7 +2,10 @@
 // (package regional) to gateways over gRPC (allot.v1.RateLimiter and
 // Envoy's envoy.service.ratelimit.v3.RateLimitService) and HTTP
 // (POST /v1/check with the standard rate limit headers), and exports
-// Prometheus metrics.
+// Prometheus metrics. The headers tell what this instance enforces for
+// the key, the region's share of its burst (ratelimit.go); the HTTP
+// bodies are the gRPC messages in the proto3 JSON mapping with integers
+// as JSON numbers (internal/wirejson).
 //
 // A Service owns no listener: the caller registers it on a *grpc.Server
 // and mounts its HTTP handler, so that one process may serve several

@@ -10,13 +10,10 @@ import (
 	"mime"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/allot-dev/allot"
 )
@@ -124,18 +121,12 @@ func (s *Service) httpCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := &decs[0]
-	setRateLimitHeaders(w.Header(), d)
-	out, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(checkResult(d))
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
+	setRateLimitHeaders(w.Header(), s.policies(item.Domain, item.Descriptors, d), d)
+	code := http.StatusOK
 	if !d.Allowed {
-		w.WriteHeader(http.StatusTooManyRequests)
+		code = http.StatusTooManyRequests
 	}
-	w.Write(out)
-	w.Write([]byte("\n"))
+	writeProto(w, code, checkResult(d))
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
@@ -146,45 +137,3 @@ func writeError(w http.ResponseWriter, code int, err error) {
 
 // seconds rounds d up to whole seconds.
 func seconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
-
-// setRateLimitHeaders sets, from a decision:
-//
-//	RateLimit-Policy: "per-user";q=10;w=1, "per-tenant";q=1000;w=60
-//	RateLimit: "per-user";r=4;t=1, "per-tenant";r=999;t=1
-//	X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset (seconds)
-//	Retry-After (seconds, at least 1) when rejected
-//
-// RateLimit-Policy and RateLimit follow the IETF httpapi draft's
-// structured-field form, one item per enforced limit. The X- headers
-// describe the most constraining limit: the one that rejected with the
-// longest wait, else the one with the least remaining.
-func setRateLimitHeaders(h http.Header, d *allot.Decision) {
-	var policy, state []string
-	var top *allot.LimitStatus
-	for i := range d.Statuses {
-		st := &d.Statuses[i]
-		if st.Shadow || st.Limit == 0 {
-			continue
-		}
-		policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", st.Name, st.Limit, max(seconds(st.Window), 1)))
-		state = append(state, fmt.Sprintf("%q;r=%d;t=%d", st.Name, st.Remaining, seconds(st.ResetAfter)))
-		switch {
-		case top == nil:
-			top = st
-		case !st.Allowed && (top.Allowed || st.RetryAfter > top.RetryAfter):
-			top = st
-		case st.Allowed && top.Allowed && st.Remaining < top.Remaining:
-			top = st
-		}
-	}
-	if top != nil {
-		h.Set("RateLimit-Policy", strings.Join(policy, ", "))
-		h.Set("RateLimit", strings.Join(state, ", "))
-		h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(seconds(top.ResetAfter), 10))
-	}
-	if !d.Allowed {
-		h.Set("Retry-After", strconv.FormatInt(max(seconds(d.RetryAfter), 1), 10))
-	}
-}

@@ -39,12 +39,13 @@ func TestHTTPCheckHeaders(t *testing.T) {
 	}
 	want := map[string]string{
 		"Retry-After":           "1", // 100ms rounds up to 1s
-		"X-RateLimit-Limit":     "10",
+		"X-RateLimit-Limit":     "5", // the burst: 5 pass at once
 		"X-RateLimit-Remaining": "0",
 		"X-RateLimit-Reset":     "1",
-		"RateLimit-Policy":      `"per-user";q=10;w=1, "per-tenant";q=100;w=60`,
-		"RateLimit":             `"per-user";r=0;t=1, "per-tenant";r=95;t=3`,
-		"Content-Type":          "application/json",
+		// w: a spent burst of 5 refills in 0.5s, rounded up; pk: region "test"
+		"RateLimit-Policy": `"per-user";q=5;w=1;pk=:dGVzdA==:, "per-tenant";q=100;w=60;pk=:dGVzdA==:`,
+		"RateLimit":        `"per-user";r=0;t=1;pk=:dGVzdA==:, "per-tenant";r=95;t=3;pk=:dGVzdA==:`,
+		"Content-Type":     "application/json",
 	}
 	for k, v := range want {
 		if got := w.Header().Get(k); got != v {
@@ -55,7 +56,7 @@ func TestHTTPCheckHeaders(t *testing.T) {
 		Allowed bool `json:"allowed"`
 		Limits  []struct {
 			Name      string `json:"name"`
-			Remaining string `json:"remaining"`
+			Remaining int64  `json:"remaining"`
 			Allowed   bool   `json:"allowed"`
 		} `json:"limits"`
 	}

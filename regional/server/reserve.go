@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/internal/wirejson"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
 	"github.com/allot-dev/allot/regional/sketch"
@@ -262,8 +262,11 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
+// writeProto writes m as the HTTP API's JSON: the proto3 JSON mapping
+// with the .proto field names and every field, except that integers are
+// JSON numbers (internal/wirejson).
 func writeProto(w http.ResponseWriter, code int, m proto.Message) {
-	out, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
+	out, err := wirejson.Marshal(m, wirejson.Options{EmitUnpopulated: true, Round: wirejson.Shares})
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return
@@ -296,8 +299,9 @@ func (s *Service) httpReserve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, httpStatus(err), err)
 		return
 	}
-	setRateLimitHeaders(w.Header(), dec)
-	s.setUnitHeaders(w.Header(), body.Domain, dec)
+	ps := s.policies(body.Domain, descriptors(req.GetDescriptors()), dec)
+	setRateLimitHeaders(w.Header(), ps, dec)
+	s.setUnitHeaders(w.Header(), body.Domain, ps, true)
 	code := http.StatusOK
 	if !resp.Allowed {
 		code = http.StatusTooManyRequests
@@ -329,57 +333,53 @@ func (s *Service) writeSettlement(w http.ResponseWriter, st *allotv1.Settlement,
 		return
 	}
 	if len(dec.Statuses) > 0 {
-		s.setUnitHeaders(w.Header(), "", dec)
+		s.setUnitHeaders(w.Header(), "", s.policies("", nil, dec), false)
 	}
 	writeProto(w, http.StatusOK, st)
 }
 
-// setUnitHeaders sets OpenAI's rate limit headers from a decision, per
-// unit, for the most constraining limit of each (as setRateLimitHeaders
-// picks it):
+// setUnitHeaders sets OpenAI's rate limit headers from a decision's
+// policies ps (Service.policies) in domain, per unit, for the most
+// constraining limit of each (as setRateLimitHeaders picks it, with its
+// numbers; withLimit false leaves out the limit headers):
 //
 //	x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens
 //	x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests
 //
+// Limits are what this instance enforces for the key (see policy).
 // Resets are durations as OpenAI writes them ("6m0s", "1.5s", "20ms"). A
 // status's unit comes from its limit in domain's configuration (domain ""
-// means every status is a token limit's: a settlement's).
-func (s *Service) setUnitHeaders(h http.Header, domain string, dec *allot.Decision) {
+// means every status is a token limit's: a settlement's, whose
+// descriptors are not known here, so that its quota is not either: it
+// gets remaining and reset only).
+func (s *Service) setUnitHeaders(h http.Header, domain string, ps []policy, withLimit bool) {
 	var d *allot.Domain
 	if domain != "" {
 		d = s.engine.Config().Domain(domain)
 	}
-	top := map[allot.Unit]*allot.LimitStatus{}
-	for i := range dec.Statuses {
-		st := &dec.Statuses[i]
-		if st.Shadow || st.Limit == 0 {
-			continue
-		}
+	top := map[allot.Unit]*policy{}
+	for i := range ps {
+		p := &ps[i]
 		unit := allot.Tokens
 		if domain != "" {
 			unit = allot.Requests
 			if d != nil {
-				if l := d.Limit(st.Name); l != nil {
+				if l := d.Limit(p.st.Name); l != nil {
 					unit = l.Unit
 				}
 			}
 		}
-		switch t := top[unit]; {
-		case t == nil:
-			top[unit] = st
-		case !st.Allowed && (t.Allowed || st.RetryAfter > t.RetryAfter):
-			top[unit] = st
-		case st.Allowed && t.Allowed && st.Remaining < t.Remaining:
-			top[unit] = st
-		}
+		top[unit] = mostConstraining(top[unit], p)
 	}
-	for unit, st := range top {
+	for unit, p := range top {
 		name := "tokens"
 		if unit == allot.Requests {
 			name = "requests"
 		}
-		h.Set("x-ratelimit-limit-"+name, strconv.FormatInt(st.Limit, 10))
-		h.Set("x-ratelimit-remaining-"+name, strconv.FormatInt(st.Remaining, 10))
-		h.Set("x-ratelimit-reset-"+name, st.ResetAfter.Round(time.Millisecond).String())
+		if withLimit {
+			h.Set("x-ratelimit-limit-"+name, strconv.FormatInt(p.quota, 10))
+		}
+		h.Set("x-ratelimit-remaining-"+name, strconv.FormatInt(p.remaining, 10))
+		h.Set("x-ratelimit-reset-"+name, p.st.ResetAfter.Round(time.Millisecond).String())
 	}
 }

@@ -74,13 +74,13 @@ func TestHTTPReserveSettle(t *testing.T) {
 	var res struct {
 		Allowed        bool   `json:"allowed"`
 		ReservationID  string `json:"reservation_id"`
-		ReservedTokens string `json:"reserved_tokens"` // protojson writes int64 as a string
+		ReservedTokens int64  `json:"reserved_tokens"` // a number, not protojson's string
 		TTL            string `json:"ttl"`
 	}
 	if err := json.Unmarshal(w.Body.Bytes(), &res); err != nil {
 		t.Fatal(err)
 	}
-	if !res.Allowed || res.ReservationID == "" || res.ReservedTokens != "600" || res.TTL != "60s" {
+	if !res.Allowed || res.ReservationID == "" || res.ReservedTokens != 600 || res.TTL != "60s" {
 		t.Fatalf("reserve body: %s", w.Body)
 	}
 	want := map[string]string{
@@ -90,20 +90,24 @@ func TestHTTPReserveSettle(t *testing.T) {
 		"X-Ratelimit-Limit-Requests":     "100",
 		"X-Ratelimit-Remaining-Requests": "99",
 		"X-Ratelimit-Reset-Requests":     "600ms",
-		"RateLimit-Policy":               `"tenant-requests";q=100;w=60, "tenant-tokens";q=10000;w=60`,
+		"RateLimit-Policy":               `"tenant-requests";q=100;w=60;pk=:dGVzdA==:, "tenant-tokens";q=10000;w=60;pk=:dGVzdA==:`,
 	}
 	for k, v := range want {
-		if got := w.Header().Get(k); got != v && !(k == "RateLimit-Policy" && got == `"tenant-tokens";q=10000;w=60, "tenant-requests";q=100;w=60`) {
+		if got := w.Header().Get(k); got != v && !(k == "RateLimit-Policy" && got == `"tenant-tokens";q=10000;w=60;pk=:dGVzdA==:, "tenant-requests";q=100;w=60;pk=:dGVzdA==:`) {
 			t.Errorf("%s: %q, want %q", k, got, v)
 		}
 	}
 
 	w = postTo(t, h, "/v1/settle", `{"reservation_id":"`+res.ReservationID+`","input_tokens":100,"output_tokens":200}`)
-	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"refunded_tokens":"300"`) || !strings.Contains(w.Body.String(), `"state":"settled"`) {
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"refunded_tokens":300`) || !strings.Contains(w.Body.String(), `"state":"settled"`) {
 		t.Fatalf("settle: %d %s", w.Code, w.Body)
 	}
 	if got := w.Header().Get("X-Ratelimit-Remaining-Tokens"); got != "9700" {
 		t.Fatalf("remaining after settle: %q", got)
+	}
+	// A settlement does not name its key: no quota to tell.
+	if got := w.Header().Get("X-Ratelimit-Limit-Tokens"); got != "" {
+		t.Errorf("limit after settle: %q, want none", got)
 	}
 	w = postTo(t, h, "/v1/settle", `{"reservation_id":"`+res.ReservationID+`","input_tokens":100,"output_tokens":200}`)
 	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"repeat":true`) {

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/coordinator"
 )
 
 // StatusHandler returns the region's status page: server-rendered HTML
@@ -56,22 +59,27 @@ type limitView struct {
 	Burst                          int64
 	Shadow, Fallback               bool
 	Share                          string
-	Fleet                          string
-	Allowed, Rejected, WouldReject string // per second
-	Total                          string
+	Fleet                          []string // "region share", one a line
+	Allowed, Rejected, WouldReject string   // per second
+	Total                          []string // since start, one count a line
 }
 
+// statusTemplate fits 1,280 px and less: only numbers and tags keep to
+// one line; the shares per region and the counts since start take a line
+// each, and headers wrap.
 var statusTemplate = template.Must(template.New("status").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="refresh" content="{{.Refresh}}">
 <title>allot · {{.Region}}</title>
 <style>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}
-.meta{color:#666}.err{color:#b00020;font-weight:600}
-table{border-collapse:collapse;width:100%}th,td{padding:.3em .6em;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}
-th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.tag{padding:0 .4em;border-radius:3px;font-size:.85em}.shadow{background:#fff3cd}.fallback{background:#f8d7da}.ok{color:#2e7d32}
+.meta{color:#666}.err{color:#b00020;font-weight:600}.meta,.err{overflow-wrap:anywhere}
+table{border-collapse:collapse;width:100%}th,td{padding:.3em .5em;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}
+th{background:#f4f4f4;font-weight:600}td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+td.name{overflow-wrap:anywhere;min-width:6em}td.line span{display:block;white-space:nowrap}
+.tag{padding:0 .4em;border-radius:3px;font-size:.85em;white-space:nowrap}.shadow{background:#fff3cd}.fallback{background:#f8d7da}.ok{color:#2e7d32}
 </style></head><body>
 <h1>allot · region {{.Region}}</h1>
 <div class="meta">{{if .Addr}}gRPC {{.Addr}} · {{end}}configuration {{.Config}} · {{.Now}} · reloads every {{.Refresh}} s</div>
@@ -81,9 +89,9 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 {{if .SharesError}}<p class="err">fleet shares unavailable: {{.SharesError}}</p>{{end}}
 <table><tr><th>limit</th><th>rate</th><th>burst</th><th>mode</th><th>enforcement</th><th>state</th><th>share here</th><th>shares per region</th>
 <th>allowed/s</th><th>rejected/s</th><th>would reject/s</th><th>since start</th></tr>
-{{range .Limits}}<tr><td>{{.Name}}</td><td>{{.Rate}}</td><td class="n">{{.Burst}}</td><td>{{.Mode}}</td><td>{{.Enforcement}}</td>
+{{range .Limits}}<tr><td class="name">{{.Name}}</td><td>{{.Rate}}</td><td class="n">{{.Burst}}</td><td>{{.Mode}}</td><td>{{.Enforcement}}</td>
 <td>{{if .Shadow}}<span class="tag shadow">shadow</span> {{end}}{{if .Fallback}}<span class="tag fallback">fallback</span>{{else if not .Shadow}}<span class="ok">enforcing</span>{{end}}</td>
-<td class="n">{{.Share}}</td><td>{{.Fleet}}</td><td class="n">{{.Allowed}}</td><td class="n">{{.Rejected}}</td><td class="n">{{.WouldReject}}</td><td>{{.Total}}</td></tr>
+<td class="n">{{.Share}}</td><td class="line">{{range .Fleet}}<span>{{.}}</span>{{end}}</td><td class="n">{{.Allowed}}</td><td class="n">{{.Rejected}}</td><td class="n">{{.WouldReject}}</td><td class="line">{{range .Total}}<span>{{.}}</span>{{end}}</td></tr>
 {{end}}</table>
 {{else}}<p>No domain configured.</p>{{end}}
 </body></html>
@@ -132,6 +140,7 @@ func (p *statusPage) view(ctx context.Context) statusView {
 			dv.Assignment = fmt.Sprintf("assignment term %d version %d", rd.GetTerm(), rd.GetVersion())
 		}
 		var fleet map[string]map[string]float64
+		fleetKnown := false // the fleet's shares were read: a limit absent never had any
 		if p.opts.Shares != nil && len(d.Regions) > 0 {
 			names := make([]string, len(d.Limits))
 			for j, l := range d.Limits {
@@ -140,6 +149,8 @@ func (p *statusPage) view(ctx context.Context) statusView {
 			var err error
 			if fleet, err = p.opts.Shares(ctx, d.Name, names); err != nil {
 				dv.SharesError = err.Error()
+			} else {
+				fleetKnown = true
 			}
 		}
 		for j, rl := range rd.GetLimits() {
@@ -150,11 +161,11 @@ func (p *statusPage) view(ctx context.Context) statusView {
 				Name: l.Name, Rate: rateText(l), Mode: l.Mode.String(), Enforcement: l.Enforcement.String(), Burst: l.Burst,
 				Shadow: rl.GetShadow(), Fallback: rl.GetFallback(),
 				Share:       fmt.Sprintf("%.3f", rl.GetShare()),
-				Fleet:       fleetShares(fleet[l.Name], rs.GetRegion(), rl.GetShare()),
+				Fleet:       fleetShares(d, l, fleet[l.Name], fleetKnown, rs.GetRegion(), rl.GetShare()),
 				Allowed:     rate(c.allowed, prev.allowed),
 				Rejected:    rate(c.rejected, prev.rejected),
 				WouldReject: rate(c.shadowRejected, prev.shadowRejected),
-				Total:       fmt.Sprintf("%d allowed, %d rejected, %d would reject", c.allowed, c.rejected, c.shadowRejected),
+				Total:       []string{fmt.Sprintf("%d allowed", c.allowed), fmt.Sprintf("%d rejected", c.rejected), fmt.Sprintf("%d would reject", c.shadowRejected)},
 			})
 		}
 		v.Domains = append(v.Domains, dv)
@@ -162,15 +173,27 @@ func (p *statusPage) view(ctx context.Context) statusView {
 	return v
 }
 
-// fleetShares formats the shares of a limit per region; without the
-// fleet's, this region's.
-func fleetShares(shares map[string]float64, region string, here float64) string {
-	if len(shares) == 0 {
-		return fmt.Sprintf("%s %.3f", region, here)
+// fleetShares lists the shares of limit l per region, as allotctl
+// status shows them (coordinator/admin): the fleet's persisted shares,
+// or the initial split of d's regions for a limit that was never
+// assigned (known says the fleet's shares were read, so that its
+// absence means that), with this region's share in force in place of
+// the persisted one. Without the fleet's, this region's alone.
+func fleetShares(d *allot.Domain, l *allot.Limit, shares map[string]float64, known bool, region string, here float64) []string {
+	if len(shares) == 0 && known && len(d.Regions) > 0 {
+		shares = map[string]float64{}
+		for i, v := range coordinator.InitialShares(l.Floors, d.Regions) {
+			shares[d.Regions[i]] = v
+		}
 	}
+	if len(shares) == 0 {
+		return []string{fmt.Sprintf("%s %.3f", region, here)}
+	}
+	shares = maps.Clone(shares)
+	shares[region] = here
 	var parts []string
 	for _, r := range slices.Sorted(maps.Keys(shares)) {
 		parts = append(parts, fmt.Sprintf("%s %.3f", r, shares[r]))
 	}
-	return strings.Join(parts, " · ")
+	return parts
 }
