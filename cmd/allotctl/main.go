@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	cmdline "github.com/allot-dev/allot/internal/cli"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -157,7 +158,7 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 func (c *cli) globals(args []string) ([]string, error) {
 	fs := c.flags("", "")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
-	rest, err := parseFlags(fs, args, false, c.stdout)
+	rest, err := cmdline.ParseFlags(fs, args, false, c.stdout)
 	if err != nil {
 		return nil, err
 	}
@@ -197,14 +198,14 @@ func (c *cli) flags(name, synopsis string) *flag.FlagSet {
 // in any order, and checks the output format and the count of positional
 // arguments (maxArgs < 0: no bound). See parseFlags for -h and bad flags.
 func (c *cli) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
-	pos, err := parseFlags(fs, args, true, c.stdout)
+	pos, err := cmdline.ParseFlags(fs, args, true, c.stdout)
 	if err != nil {
 		return nil, err
 	}
 	if c.output != "table" && c.output != "json" {
 		return nil, fmt.Errorf("-o %q: want table or json", c.output)
 	}
-	if err := checkArgs(commandName(fs), pos, minArgs, maxArgs); err != nil {
+	if err := cmdline.CheckArgs(cmdline.CommandName(fs), pos, minArgs, maxArgs); err != nil {
 		fs.Usage()
 		return nil, err
 	}

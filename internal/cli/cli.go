@@ -1,4 +1,15 @@
-package main
+// Package cli holds the command-line conventions that allot and allotctl
+// share:
+//
+//   - global flags come before or after the command's name, or between a
+//     command and its subcommand: a later one wins;
+//   - a command's own flags and its positional arguments come in any
+//     order after its name ("--" ends the flags);
+//   - -h or --help, on any command or group of commands, prints its usage
+//     to stdout and succeeds, as does "PROGRAM help [COMMAND...]";
+//   - an unknown command or flag, or a wrong count of arguments, prints
+//     the usage to stderr and fails with a message naming the problem.
+package cli
 
 import (
 	"errors"
@@ -8,26 +19,13 @@ import (
 	"strings"
 )
 
-// The command line's conventions, the same for every command of allotctl
-// and allot:
-//
-//   - global flags (--addr, -o, --timeout, --author) come before or after
-//     the command's name, or between a command and its subcommand: a
-//     later one wins;
-//   - a command's own flags and its positional arguments come in any
-//     order after its name ("--" ends the flags);
-//   - -h or --help, on any command or group of commands, prints its usage
-//     to stdout and succeeds, as does "allotctl help [COMMAND...]";
-//   - an unknown command or flag, or a wrong count of arguments, prints
-//     the usage to stderr and fails with a message naming the problem.
-
-// parseFlags parses args with fs. When interleaved, flags and positional
+// ParseFlags parses args with fs. When interleaved, flags and positional
 // arguments come in any order ("--" ends the flags); else parsing stops
 // at the first positional argument (a command's name) and the rest is
 // returned. -h or --help prints fs's usage to stdout and returns
-// flag.ErrHelp, which run turns into success; a bad flag prints the usage
+// flag.ErrHelp, which the program's run turns into success; a bad flag prints the usage
 // to fs's output (stderr) and returns the error, named after the command.
-func parseFlags(fs *flag.FlagSet, args []string, interleaved bool, stdout io.Writer) ([]string, error) {
+func ParseFlags(fs *flag.FlagSet, args []string, interleaved bool, stdout io.Writer) ([]string, error) {
 	out := fs.Output()
 	fs.SetOutput(io.Discard) // the flag package's messages: the error is returned instead
 	defer fs.SetOutput(out)
@@ -41,7 +39,7 @@ func parseFlags(fs *flag.FlagSet, args []string, interleaved bool, stdout io.Wri
 			}
 			fs.SetOutput(out)
 			fs.Usage()
-			if name := commandName(fs); name != "" {
+			if name := CommandName(fs); name != "" {
 				return nil, fmt.Errorf("%s: %w", name, err)
 			}
 			return nil, err
@@ -54,9 +52,9 @@ func parseFlags(fs *flag.FlagSet, args []string, interleaved bool, stdout io.Wri
 	}
 }
 
-// checkArgs checks that a command got between minArgs and maxArgs
+// CheckArgs checks that a command got between minArgs and maxArgs
 // positional arguments (maxArgs < 0: no bound).
-func checkArgs(name string, pos []string, minArgs, maxArgs int) error {
+func CheckArgs(name string, pos []string, minArgs, maxArgs int) error {
 	switch {
 	case maxArgs == 0 && len(pos) > 0:
 		return fmt.Errorf("%s: unexpected argument %q", name, pos[0])
@@ -82,9 +80,9 @@ func argCount(lo, hi int) string {
 	return fmt.Sprintf("%d to %d arguments", lo, hi)
 }
 
-// commandName is fs's command without the program's name: "limits apply"
+// CommandName is fs's command without the program's name: "limits apply"
 // for "allotctl limits apply", "" for "allotctl".
-func commandName(fs *flag.FlagSet) string {
+func CommandName(fs *flag.FlagSet) string {
 	_, name, _ := strings.Cut(fs.Name(), " ")
 	return name
 }
