@@ -363,10 +363,7 @@ func (c *Coordinator) report(now time.Time, m Report) error {
 	// decayed sum weighted at arrival would weigh regions by how recently
 	// they reported, not by their demand.) Every cell of the region is
 	// updated, those the report leaves out with a rate of 0.
-	dt := defaultReportInterval
-	if prev := c.lastAt[r]; !prev.IsZero() {
-		dt = min(max(m.At.Sub(prev), minReportInterval), maxReportInterval)
-	}
+	dt := reportInterval(c.lastAt[r], m.At)
 	keep := float32(math.Exp2(-float64(dt) / float64(c.cfg.HalfLife)))
 	perSec := (1 - float64(keep)) / dt.Seconds()
 	c.lastAt[r], c.heard[r] = m.At, now

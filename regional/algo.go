@@ -141,6 +141,11 @@ func takeTokens(s *slot, now int64, p params, cost float64, force bool) outcome 
 		}
 	}
 	setTokens(s, now, tok, p)
+	if p.alg == allot.GCRA {
+		// GCRA keeps an instant, rounded up to the nanosecond: what the
+		// next check at now sees may be a hair less than tok.
+		tok = tokensAt(s, now, p)
+	}
 	o.remaining = math.Max(0, tok)
 	o.resetAfter = p.wait(p.burst - tok)
 	s.idleAt = now + o.resetAfter

@@ -139,15 +139,6 @@ func (s *Service) enforced(p *policy, ql *regional.QuotaLimit, how sharing) {
 	if alg != allot.SlidingWindow && amount > 0 {
 		p.window = time.Duration(math.Ceil(float64(period) * burst / amount))
 	}
-	if alg == allot.GCRA && l.Enforcement == allot.Local && p.st.ResetAfter > 0 {
-		// The engine reports the tokens before it rounds the arrival time
-		// it keeps up to the nanosecond; the next check at the same
-		// instant sees burst − refill(reset_after), up to a few
-		// billionths of a token less, which may be one whole token.
-		b, a := burst*share, amount*share
-		left := b - float64(p.st.ResetAfter)*a/float64(period)
-		p.remaining = min(p.remaining, int64(math.Floor(max(left, 0))))
-	}
 }
 
 // setRateLimitHeaders sets, from a decision d and its policies ps
