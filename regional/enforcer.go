@@ -100,7 +100,7 @@ func NewEnforcer(engine *Engine, store Store, opts EnforcerOptions) *Enforcer {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	f := &Enforcer{engine: engine, store: store, opts: opts, log: opts.Logger, fallback: newTable(opts.FallbackMaxKeys)}
+	f := &Enforcer{engine: engine, store: store, opts: opts, log: opts.Logger.With("region", opts.Region), fallback: newTable(opts.FallbackMaxKeys)}
 	f.instances.Store(1)
 	return f
 }
@@ -492,11 +492,11 @@ func (f *Enforcer) heartbeat(ctx context.Context, now time.Time, ttl time.Durati
 	defer cancel()
 	n, err := f.store.Heartbeat(ctx, now, f.opts.Region, f.opts.Instance, ttl)
 	if err != nil {
-		f.log.Debug("heartbeat failed; keeping the last instance count", "region", f.opts.Region, "instances", f.Instances(), "err", err)
+		f.log.Debug("heartbeat failed; keeping the last instance count", "instances", f.Instances(), "err", err)
 		return err
 	}
 	if ttl > 0 && int64(max(n, 1)) != f.instances.Swap(int64(max(n, 1))) {
-		f.log.Info("instances of the region changed", "region", f.opts.Region, "instances", n)
+		f.log.Info("instances of the region changed", "instances", n)
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -271,36 +270,6 @@ func TestRegionOnceInLogLines(t *testing.T) {
 	for _, l := range lines {
 		if strings.Count(l, "region=") > 1 {
 			t.Errorf("region more than once: %q", l)
-		}
-	}
-}
-
-// TestOnceHandler: an attribute equal to one the logger has is dropped,
-// whether added again by With or on a line; others, and those in a
-// group, are kept.
-func TestOnceHandler(t *testing.T) {
-	var b bytes.Buffer
-	base := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-		if len(groups) == 0 && a.Key == slog.TimeKey {
-			return slog.Attr{}
-		}
-		return a
-	}}))
-	log := regionLogger(base, "us-east")
-	for _, c := range []struct {
-		log  func()
-		want string
-	}{
-		{func() { log.Info("a") }, `level=INFO msg=a region=us-east`},
-		{func() { log.With("region", "us-east").Info("b", "region", "us-east", "k", 1) }, `level=INFO msg=b region=us-east k=1`},
-		{func() { log.Info("c", "region", "eu-west") }, `level=INFO msg=c region=us-east region=eu-west`},
-		{func() { log.WithGroup("g").Info("d", "region", "us-east") }, `level=INFO msg=d region=us-east g.region=us-east`},
-		{func() { log.With("instance", "i").With("instance", "i").Info("e", "instance", "i") }, `level=INFO msg=e region=us-east instance=i`},
-	} {
-		b.Reset()
-		c.log()
-		if got := strings.TrimSpace(b.String()); got != c.want {
-			t.Errorf("got  %s\nwant %s", got, c.want)
 		}
 	}
 }

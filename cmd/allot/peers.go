@@ -38,6 +38,7 @@ func parsePeers(s, region string) (map[string]string, error) {
 // and loans until the node stops. With --redis, the region's instances
 // share their counts in it (a connection of its own, without metrics:
 // the enforcer's store exports them).
+// log does not name the region: the peer syncer adds it.
 func startPeers(spec regionSpec, engine *regional.Engine, n *regionNode, reg prometheus.Registerer, log *slog.Logger) error {
 	if len(spec.peers) == 0 {
 		return nil
@@ -46,7 +47,7 @@ func startPeers(spec regionSpec, engine *regional.Engine, n *regionNode, reg pro
 	closeCounts := func() {}
 	if len(spec.redis) > 0 {
 		rs, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
-			Prefix: redisstore.DefaultPrefix + spec.name + ":counts:", Logger: log})
+			Prefix: redisstore.DefaultPrefix + spec.name + ":counts:", Logger: log.With("region", spec.name)})
 		if err != nil {
 			return err
 		}
@@ -64,7 +65,7 @@ func startPeers(spec regionSpec, engine *regional.Engine, n *regionNode, reg pro
 	go func() { s.Run(ctx); s.Close(); closeCounts(); close(done) }()
 	stopRS := n.stopRS
 	n.stopRS = func() { cancel(); <-done; stopRS() }
-	log.Info("linked to peer regions", "peers", fmt.Sprint(spec.peers))
+	log.Info("linked to peer regions", "region", spec.name, "peers", fmt.Sprint(spec.peers))
 	return nil
 }
 

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -205,11 +204,13 @@ type regionNode struct {
 // startRegion serves one region: it listens, applies the persisted or
 // initial shares when coordinated, and starts serving and reporting.
 func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
-	log := regionLogger(spec.log, spec.name)
+	// Components given the region (the server, the peer syncer, the
+	// Enforcer) name it on their lines themselves; log is for the others.
+	log := spec.log.With("region", spec.name)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	engine := regional.New(spec.cfg, regional.Options{MaxKeys: spec.maxKeys})
-	enforcer, stopRS, err := startRegionalStore(ctx, spec, engine, reg, log)
+	enforcer, stopRS, err := startRegionalStore(ctx, spec, engine, reg, log, spec.log)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +220,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			stopRS()
 		}
 	}()
-	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL})
+	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
 	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)
@@ -286,7 +287,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	n.gs = grpc.NewServer(server.Recovery(log)...)
 	svc.RegisterGRPC(n.gs)
 	svc.RegisterAdmin(n.gs, aopts)
-	if err := startPeers(spec, engine, n, reg, log); err != nil {
+	if err := startPeers(spec, engine, n, reg, spec.log); err != nil {
 		gl.Close()
 		hl.Close()
 		n.stopLink()
@@ -316,64 +317,6 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	return n, nil
 }
 
-// regionLogger is log with region=name on every line, once: the
-// server, the peer syncer and the Enforcer, given it, add the region
-// again, which a text handler would print twice.
-func regionLogger(log *slog.Logger, name string) *slog.Logger {
-	return slog.New(onceHandler{h: log.Handler()}).With("region", name)
-}
-
-// onceHandler drops an attribute equal (key and value) to one the logger
-// already has at the top level, whether added by With or on a line.
-type onceHandler struct {
-	h     slog.Handler
-	attrs []slog.Attr // added by With before any group
-	group bool        // a group is open: attributes go in it
-}
-
-func (o onceHandler) seen(a slog.Attr) bool {
-	return !o.group && slices.ContainsFunc(o.attrs, a.Equal)
-}
-
-func (o onceHandler) Enabled(ctx context.Context, l slog.Level) bool { return o.h.Enabled(ctx, l) }
-
-func (o onceHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	var keep []slog.Attr
-	for _, a := range as {
-		if !o.seen(a) && !slices.ContainsFunc(keep, a.Equal) {
-			keep = append(keep, a)
-		}
-	}
-	n := onceHandler{h: o.h.WithAttrs(keep), group: o.group}
-	if !o.group {
-		n.attrs = append(slices.Clip(o.attrs), keep...)
-	}
-	return n
-}
-
-func (o onceHandler) WithGroup(name string) slog.Handler {
-	if name == "" {
-		return o
-	}
-	return onceHandler{h: o.h.WithGroup(name), group: true}
-}
-
-func (o onceHandler) Handle(ctx context.Context, r slog.Record) error {
-	dup := false
-	r.Attrs(func(a slog.Attr) bool { dup = o.seen(a); return !dup })
-	if !dup {
-		return o.h.Handle(ctx, r)
-	}
-	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
-	r.Attrs(func(a slog.Attr) bool {
-		if !o.seen(a) {
-			out.AddAttrs(a)
-		}
-		return true
-	})
-	return o.h.Handle(ctx, out)
-}
-
 // stop shuts the node down gracefully (10 s at most).
 func (n *regionNode) stop() error {
 	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -400,7 +343,7 @@ func (n *regionNode) stop() error {
 // the Enforcer that uses it, and a function that gives back its leases
 // and disconnects. It keeps the Enforcer's membership and leases up to
 // date until then.
-func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.Engine, reg prometheus.Registerer, log *slog.Logger) (*regional.Enforcer, func(), error) {
+func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.Engine, reg prometheus.Registerer, log, plain *slog.Logger) (*regional.Enforcer, func(), error) {
 	if len(spec.redis) == 0 {
 		for _, d := range spec.cfg.Domains {
 			for _, l := range d.Limits {
@@ -424,7 +367,7 @@ func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.E
 	cancel()
 	host, _ := os.Hostname()
 	f := regional.NewEnforcer(engine, store, regional.EnforcerOptions{Region: spec.name,
-		Instance: fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32()), StoreTimeout: spec.storeTimeout, Logger: log})
+		Instance: fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32()), StoreTimeout: spec.storeTimeout, Logger: plain})
 	tctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
