@@ -364,20 +364,17 @@ func (f *Fleet) Detach(now time.Time, region, id string) Ready {
 // Step applies an instance's Report or Ack (Instance set) received at now.
 // On error nothing is applied.
 func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
-	var region, id string
+	var domain, region, id string
 	switch m := m.(type) {
 	case Report:
-		region, id = m.Region, m.Instance
+		domain, region, id = m.Domain, m.Region, m.Instance
 	case Ack:
-		region, id = m.Region, m.Instance
+		domain, region, id = m.Domain, m.Region, m.Instance
 	default:
 		return Ready{}, fmt.Errorf("%w: message %T", ErrBadValue, m)
 	}
-	if m, ok := m.(Report); ok && m.Domain != f.co.domain {
-		return Ready{}, fmt.Errorf("%w %q", ErrUnknownDomain, m.Domain)
-	}
-	if m, ok := m.(Ack); ok && m.Domain != f.co.domain {
-		return Ready{}, fmt.Errorf("%w %q", ErrUnknownDomain, m.Domain)
+	if domain != f.co.domain {
+		return Ready{}, fmt.Errorf("%w %q", ErrUnknownDomain, domain)
 	}
 	fr, err := f.region(region)
 	if err != nil {

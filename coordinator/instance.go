@@ -58,9 +58,7 @@ func NewInstance(d *allot.Domain, region, id string) (*Instance, error) {
 		return nil, fmt.Errorf("%w: an instance needs an id", ErrBadConfig)
 	}
 	x := &Instance{id: id, applied: map[keyID]float64{}, weights: map[string]float64{}}
-	if err := x.setDomain(d); err != nil {
-		return nil, err
-	}
+	x.setDomain(d)
 	app, err := NewApplier(d, region, Snapshot{})
 	if err != nil {
 		return nil, err
@@ -69,7 +67,7 @@ func NewInstance(d *allot.Domain, region, id string) (*Instance, error) {
 	return x, nil
 }
 
-func (x *Instance) setDomain(d *allot.Domain) error {
+func (x *Instance) setDomain(d *allot.Domain) {
 	x.dom = d
 	x.weighted = map[string]bool{}
 	for _, l := range d.Limits {
@@ -77,7 +75,6 @@ func (x *Instance) setDomain(d *allot.Domain) error {
 			x.weighted[l.Name] = true
 		}
 	}
-	return nil
 }
 
 // Reconfigure follows a new configuration of the domain: limits it adds
@@ -100,9 +97,7 @@ func (x *Instance) Reconfigure(d *allot.Domain) ([]Share, error) {
 		}
 	}
 	x.region = app
-	if err := x.setDomain(d); err != nil {
-		return nil, err
-	}
+	x.setDomain(d)
 	return x.diff(), nil
 }
 
