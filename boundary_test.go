@@ -10,7 +10,7 @@ import (
 // corePackages must stay free of I/O libraries and generated code
 // (docs/design.md section 11), so that the simulator can run them on a virtual
 // clock.
-var corePackages = []string{".", "./crdt", "./regional", "./coordinator", "./sim"}
+var corePackages = []string{".", "./crdt", "./regional", "./regional/node", "./coordinator", "./sim"}
 
 var forbidden = []string{
 	"google.golang.org/grpc",

@@ -42,6 +42,10 @@ type CountOp struct {
 // MemoryCounts is a CountStore in memory, for tests and the simulator. The
 // zero value is ready to use; it is safe for concurrent use.
 type MemoryCounts struct {
+	// Now is the clock cells expire on (the simulator's); nil: the wall
+	// clock. Set it before the first call.
+	Now func() time.Time
+
 	mu    sync.Mutex
 	cells map[string]*slotCell
 	err   error
@@ -78,8 +82,7 @@ func CountKey(c Count) string {
 	return b.String()
 }
 
-// MergeCounts implements CountStore on now from the wall clock of the
-// caller's process, for expiry only.
+// MergeCounts implements CountStore; cells expire on m.Now.
 func (m *MemoryCounts) MergeCounts(ctx context.Context, instance string, ops []CountOp, res []RegionCount) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -87,6 +90,9 @@ func (m *MemoryCounts) MergeCounts(ctx context.Context, instance string, ops []C
 		return m.err
 	}
 	now := time.Now()
+	if m.Now != nil {
+		now = m.Now()
+	}
 	for k, c := range m.cells {
 		if now.After(c.expires) {
 			delete(m.cells, k)

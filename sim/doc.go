@@ -38,10 +38,11 @@
 // region's store, whose buckets hold the region's share, and on_failure
 // local divides by the instance count the Enforcer learnt from
 // heartbeats. The store takes time from the true clock (as Redis TIME)
-// and counts its calls. In shared mode, or
-// with peers, a region is one engine: instances that sum their counts in
-// a regional.CountStore are not simulated, so Instances shape only the
-// naive baseline there.
+// and counts its calls. With peers, every
+// instance syncs and borrows through its own regional/node.Node,
+// streaming to one instance of each peer region, and a region of several
+// instances sums its shared-mode counts in a regional.MemoryCounts (the
+// regional Redis).
 //
 // # Driver loop
 //
@@ -107,9 +108,7 @@
 // peers; store calls count Take, Lease and the reservation calls
 // (heartbeats apart), per request.
 //
-// Simplifications: shared mode and borrowing run one engine per region
-// (see above); a region's demand report is one message for all its
-// instances; the regional store answers at once (its latency, timeouts
+// Simplifications: the regional store answers at once (its latency, timeouts
 // and breaker are not simulated: an outage fails every call); the
 // measured limit is the domain's one named by Scenario.Limit, and every
 // traffic stream's descriptor is one entry that limit matches.

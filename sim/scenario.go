@@ -98,12 +98,11 @@ type Short struct {
 type Region struct {
 	Name string `yaml:"name"`
 	// Instances is how many enforcer instances the region runs (default
-	// 1), each with an engine of its own: with local enforcement each
-	// enforces the region's share ÷ instances; with leased or exact
-	// enforcement each is a regional.Enforcer sharing the region's store.
-	// In shared mode, or with peers, allot's region is one engine (the
-	// CountStore that sums a region's instances is not simulated) and
-	// Instances shape only the naive baseline.
+	// 1), each with an engine and a regional/node.Node of its own: with
+	// split-mode local enforcement each enforces the region's share × its
+	// weight; with leased or exact enforcement each is a
+	// regional.Enforcer sharing the region's store; in shared mode they
+	// sum their counts in the region's CountStore.
 	Instances int   `yaml:"instances"`
 	Link      *Link `yaml:"link"` // default: Scenario.Link
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/node"
 )
 
 // Systems compared in one run.
@@ -115,7 +116,7 @@ type world struct {
 	term  int64
 	snap  coordinator.Snapshot // what was persisted
 	cut   map[string]bool      // regions partitioned from the coordinator and peers
-	tally map[string]*tally    // by local limit (coordinated systems)
+	tally map[string]*tally    // by Weighted limit (coordinated systems)
 }
 
 // region is one region of a system.
@@ -127,26 +128,34 @@ type region struct {
 	inst  []*instance
 	store *simStore  // nil without leased or exact limits
 	gw    []*gateway // the gateways system's gateways (gateway.go)
+	// counts is the CountStore its instances share their shared-mode
+	// counts in, with peers and several instances (the regional Redis).
+	counts *regional.MemoryCounts
 }
 
 // instance is one enforcer instance: an engine, the Enforcer over it
 // when the domain has leased or exact limits, the Reservations of LLM
-// calls and, in the coordinated systems, its side of the assignment
-// protocol (coordinator.Instance, as regional/coordclient drives it).
+// calls and, in the coordinated systems, the instance's core (node.Node:
+// its side of the assignment protocol, its reports and its peer sync, as
+// regional/coordclient and regional/peersync drive it).
 type instance struct {
 	e  *regional.Engine
 	f  *regional.Enforcer
 	rs *regional.Reservations
 	id string
-	x  *coordinator.Instance // nil in the naive and ideal systems
-	at time.Time             // At of its latest report
+	j  int        // its index in the region
+	n  *node.Node // nil in the naive and ideal systems
+	// sent is when its peer sync last sent a message; replied, by inbound
+	// stream, when it last answered one with a heartbeat.
+	sent    time.Time
+	replied map[string]time.Time
 	// What it applies of each local limit (see tally): its default share,
 	// and its hot keys' own shares.
 	def map[string]float64
 	own map[string]map[string]float64
 }
 
-// tally is, for one local limit of a coordinated system, the sum over
+// tally is, for one Weighted limit of a coordinated system, the sum over
 // every instance of every region of what it applies for each key: def is
 // Σ default shares, adj[key] Σ (own − default) over the instances with a
 // share of their own for key. So Σ of key's shares in force is def +
@@ -155,9 +164,6 @@ type tally struct {
 	def float64
 	adj map[string]float64
 }
-
-// e is the engine of a region that runs one (shared mode, peers).
-func (r *region) e() *regional.Engine { return r.inst[0].e }
 
 // clock is region r's clock.
 func (w *world) clock(r *region) time.Time { return w.now.Add(r.skew) }
@@ -197,6 +203,25 @@ func localConfig(sc *Scenario, staleDay bool) (*allot.Config, error) {
 
 // run simulates one system of the scenario (or the ideal pass).
 func run(sc *Scenario, cfg *allot.Config, sys string, keys *keySpace) (*metrics, error) {
+	w, err := build(sc, cfg, sys, keys)
+	if err != nil {
+		return nil, err
+	}
+	for w.q.Len() > 0 {
+		e := heap.Pop(&w.q).(event)
+		if e.at.After(w.end) {
+			break
+		}
+		w.now = e.at
+		e.fn()
+	}
+	w.m.finish()
+	return w.m, nil
+}
+
+// build makes the world of one system of the scenario, its events
+// scheduled.
+func build(sc *Scenario, cfg *allot.Config, sys string, keys *keySpace) (*world, error) {
 	d := cfg.Domains[0]
 	w := &world{sc: sc, sys: sys, dom: d, lim: d.Limit(sc.Limit), keys: keys, now: T0, end: T0.Add(sc.Duration),
 		net: rand.New(rand.NewPCG(sc.Seed, 2)), ctx: context.Background(), cut: map[string]bool{}}
@@ -231,16 +256,7 @@ func run(sc *Scenario, cfg *allot.Config, sys string, keys *keySpace) (*metrics,
 		w.every(T0, w.sc.EnforcerTick, w.enforcerTick)
 	}
 	w.traffic()
-	for w.q.Len() > 0 {
-		e := heap.Pop(&w.q).(event)
-		if e.at.After(w.end) {
-			break
-		}
-		w.now = e.at
-		e.fn()
-	}
-	w.m.finish()
-	return w.m, nil
+	return w, nil
 }
 
 // buildIdeal makes every region's requests go to one engine that holds
@@ -291,7 +307,7 @@ func (w *world) buildNaive() error {
 
 // newInstance wraps engine e (and store, if any) for instance j of r.
 func (w *world) newInstance(r *region, j int, e *regional.Engine, store *simStore) *instance {
-	in := &instance{e: e, id: fmt.Sprintf("%s-i%d", r.name, j)}
+	in := &instance{e: e, id: fmt.Sprintf("%s-i%d", r.name, j), j: j}
 	if store != nil {
 		in.f = regional.NewEnforcer(e, store, regional.EnforcerOptions{Region: r.name, Instance: fmt.Sprint("i", j)})
 	}
@@ -314,6 +330,9 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 			return err
 		}
 		cfg = c
+		// The coordinator and the instances' cores see the limits as the
+		// engines enforce them: one instance a region holds all of it.
+		d, w.dom = c.Domains[0], c.Domains[0]
 	}
 	if w.sys == NoFallback {
 		c, err := allot.ParseConfig(w.sc.Name, []byte(w.sc.Config))
@@ -332,11 +351,11 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 		if w.sys == Gateways {
 			n = 1 // one enforcer; the instances are gateways (gateway.go)
 		}
-		if w.peers() {
-			n = 1 // a region's instances would sum their counts in a CountStore: not simulated
-		}
 		if stored(d) && w.sys != Gateways {
 			r.store = &simStore{w: w, r: i}
+		}
+		if w.peers() && n > 1 {
+			r.counts = &regional.MemoryCounts{Now: func() time.Time { return w.clock(r) }}
 		}
 		for j := range n {
 			e := regional.New(cfg, regional.Options{})
@@ -346,13 +365,19 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 				}
 			}
 			in := w.newInstance(r, j, e, r.store)
-			x, err := coordinator.NewInstance(d, name, in.id)
+			opts := node.Options{Region: name, Instance: in.id, Engine: e}
+			if r.counts != nil {
+				opts.Counts = r.counts
+			}
+			nd, err := node.New(opts)
 			if err != nil {
 				return err
 			}
-			in.x = x
+			in.n = nd
+			if err := nd.Link(); err != nil { // an instance holds nothing until granted
+				return err
+			}
 			w.track(in)
-			w.setShares(r, in, x.Shares()) // an instance holds nothing until granted
 			r.inst = append(r.inst, in)
 		}
 		w.region = append(w.region, r)
@@ -369,7 +394,8 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 		}
 		for _, r := range w.region { // grants not renewed in time end
 			for _, in := range r.inst {
-				w.setShares(r, in, in.x.Expire(w.clock(r)))
+				_, applied := in.n.Expire(w.clock(r))
+				w.applied(in, applied)
 			}
 		}
 	})
@@ -384,42 +410,20 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 	}
 	if w.peers() {
 		for _, r := range w.region {
-			w.every(T0.Add(w.sc.SyncTick), w.sc.SyncTick, func() { w.syncTick(r) })
+			for _, in := range r.inst {
+				phase := w.sc.SyncTick * time.Duration(in.j) / time.Duration(len(r.inst))
+				w.every(T0.Add(w.sc.SyncTick+phase), w.sc.SyncTick, func() { w.syncTick(r, in) })
+			}
 		}
 	}
 	return nil
 }
 
-// setShares sets shares, in order, in instance in of r, as
-// regional/coordclient does: hot keys of one limit in one SetKeyShares
-// call (an assignment may carry thousands of them).
-func (w *world) setShares(r *region, in *instance, shares []coordinator.Share) {
-	for i := 0; i < len(shares); {
-		j := i + 1
-		for j < len(shares) && shares[i].Key != "" && shares[j].Key != "" && shares[j].Limit == shares[i].Limit {
-			j++
-		}
-		var err error
-		switch {
-		case shares[i].Reset:
-			err = in.e.ResetShare(w.dom.Name, shares[i].Limit, shares[i].Value, shares[i].Since)
-		case shares[i].Key == "":
-			err = in.e.SetShare(w.clock(r), w.dom.Name, shares[i].Limit, shares[i].Value)
-		default:
-			ks := make([]regional.KeyShare, 0, j-i)
-			for _, s := range shares[i:j] {
-				ks = append(ks, regional.KeyShare{Key: s.Key, Share: s.Value})
-			}
-			err = in.e.SetKeyShares(w.clock(r), w.dom.Name, shares[i].Limit, ks)
-		}
-		if err != nil {
-			panic(fmt.Sprintf("%s: apply %+v: %v", in.id, shares[i:j], err)) // the Instance validated them
-		}
-		for _, s := range shares[i:j] {
-			w.tallyShare(in, s)
-			w.checkShares(s)
-		}
-		i = j
+// applied records the shares instance in's core applied, in order.
+func (w *world) applied(in *instance, shares []coordinator.Share) {
+	for _, s := range shares {
+		w.tallyShare(in, s)
+		w.checkShares(s)
 	}
 }
 
@@ -431,8 +435,8 @@ func (w *world) track(in *instance) {
 	}
 	in.def, in.own = map[string]float64{}, map[string]map[string]float64{}
 	for _, l := range w.dom.Limits {
-		if l.Enforcement != allot.Local {
-			continue
+		if !coordinator.Weighted(l) {
+			continue // every instance applies its region's share
 		}
 		t := w.tally[l.Name]
 		if t == nil {
@@ -449,7 +453,7 @@ func (w *world) track(in *instance) {
 func (w *world) tallyShare(in *instance, s coordinator.Share) {
 	t := w.tally[s.Limit]
 	if t == nil || in.def == nil {
-		return // not a local limit
+		return // not a Weighted limit
 	}
 	own := in.own[s.Limit]
 	if s.Key == "" {
@@ -477,8 +481,10 @@ func (w *world) tallyShare(in *instance, s coordinator.Share) {
 }
 
 // share is region r's share of key: what its instances apply together
-// for a local limit; for a limit counted in the regional store, the
-// largest share any of its instances applies to the store's count.
+// for a limit divided among them (coordinator.Weighted, and every limit
+// of the naive system); for a limit counted in the regional store or a
+// CountStore, the largest share any of its instances applies to the
+// region's count.
 func (w *world) share(r *region, limit, key string) float64 {
 	sum, most := 0.0, 0.0
 	seen := map[*regional.Engine]bool{}
@@ -491,10 +497,10 @@ func (w *world) share(r *region, limit, key string) float64 {
 		sum += v
 		most = max(most, v)
 	}
-	if l := w.dom.Limit(limit); l != nil && l.Enforcement != allot.Local && w.sys != Naive {
-		return most
+	if l := w.dom.Limit(limit); w.sys == Naive || l == nil || coordinator.Weighted(l) {
+		return sum
 	}
-	return sum
+	return most
 }
 
 func (sc *Scenario) region(name string) *Region {
@@ -528,8 +534,10 @@ func (w *world) start() error {
 // connect opens instance in's stream to the coordinator running now: its
 // hello, then the coordinator's full grant.
 func (w *world) connect(r *region, in *instance) {
-	in.x.Reconnect()
-	hello, weights := in.x.Hello()
+	hello, weights, err := in.n.Connect(w.dom.Name)
+	if err != nil {
+		panic(err) // the domain is the world's own
+	}
 	gen := w.gen
 	w.send(r.link, r.name, "", func() {
 		if w.coord == nil || w.gen != gen {
@@ -672,39 +680,27 @@ func (w *world) persist(rd coordinator.Ready) {
 	}
 }
 
-// apply is an instance's driver (regional/coordclient): lowerings first,
-// then the ack.
+// apply is an instance's driver (regional/coordclient): its core applies
+// the assignment, lowerings first, then the ack goes out.
 func (w *world) apply(r *region, in *instance, a coordinator.Assignment) {
-	shares, ack, err := in.x.Apply(w.clock(r), a)
+	applied, ack, err := in.n.Assign(w.clock(r), a)
+	w.applied(in, applied)
 	if err != nil {
-		w.m.refused++
-		return
+		if ack.Domain == "" {
+			w.m.refused++
+			return
+		}
+		panic(fmt.Sprintf("%s: assignment applied in part: %v", in.id, err)) // the Instance validated it
 	}
-	w.setShares(r, in, shares)
 	w.toCoord(r, ack)
 }
 
 // report sends instance in's demand since its previous report, as
 // regional/coordclient does.
 func (w *world) report(r *region, in *instance) {
-	at := w.clock(r)
-	if !at.After(in.at) {
-		at = in.at.Add(time.Nanosecond) // a clock stepped back: reports stay ordered
+	for _, rep := range in.n.Reports(w.clock(r)) {
+		w.toCoord(r, rep)
 	}
-	in.at = at
-	rep := coordinator.Report{Domain: w.dom.Name, Region: r.name, Instance: in.id, At: at}
-	for _, d := range in.e.Demand() {
-		if n := len(rep.Limits); n == 0 || rep.Limits[n-1].Limit != d.Limit {
-			rep.Limits = append(rep.Limits, coordinator.LimitDemand{Limit: d.Limit})
-		}
-		ld := &rep.Limits[len(rep.Limits)-1]
-		if d.Key == "" {
-			ld.Admitted, ld.Rejected = d.Admitted, d.Rejected
-		} else {
-			ld.Keys = append(ld.Keys, coordinator.KeyDemand{Key: d.Key, Admitted: d.Admitted, Rejected: d.Rejected, NearLimit: d.NearLimit})
-		}
-	}
-	w.toCoord(r, rep)
 }
 
 func (w *world) byName(name string) *region {
@@ -740,52 +736,97 @@ func (w *world) sample() {
 	w.m.sample(w.now, shares)
 }
 
-// syncTick is a region's peer sync tick, as regional/peersync does it:
-// deltas to every peer, a heartbeat, and resync requests for lost deltas.
-func (w *world) syncTick(r *region) {
-	batches := r.e().SyncOut(w.clock(r))
+// syncTick is instance in's peer sync tick, as regional/peersync does it:
+// one message to every peer with its core's batches (with several
+// instances, after merging the region's counts in its CountStore), or a
+// heartbeat when none went out for a heartbeat interval; resync requests
+// for the deltas lost on the streams it receives; and its loan asks.
+func (w *world) syncTick(r *region, in *instance) {
+	now := w.clock(r)
+	batches, err := in.n.SyncOut(w.ctx, now)
+	if err != nil {
+		panic(err) // the world's CountStore does not fail
+	}
+	_, hb := node.PeerIntervals(in.e.Config())
+	beat := len(batches) > 0 || now.Sub(in.sent) >= hb
+	if beat {
+		in.sent = now
+	}
 	for _, p := range w.region {
 		if p == r {
 			continue
 		}
-		for _, b := range batches {
-			w.send(w.sc.PeerLink, r.name, p.name, func() { w.inbound(p, r, b) })
+		to := p.peerOf(in)
+		if beat {
+			w.send(w.sc.PeerLink, r.name, p.name, func() {
+				to.e.Heard(w.clock(p), r.name)
+				for _, b := range batches {
+					w.inbound(p, to, r, in, b)
+				}
+				w.reply(p, to, r, in, hb)
+			})
 		}
-		w.send(w.sc.PeerLink, r.name, p.name, func() { p.e().Heard(w.clock(p), r.name) })
-		for _, b := range r.e().PendingResyncs(w.clock(r), p.name+">"+r.name) {
-			w.resync(r, p, b)
+		for _, from := range p.inst {
+			if r.peerOf(from) != in {
+				continue
+			}
+			for _, b := range in.e.PendingResyncs(w.clock(r), streamID(from, in)) {
+				w.resync(r, in, p, from, b)
+			}
 		}
 	}
-	for _, a := range r.e().LoanAsks(w.clock(r)) {
-		w.borrow(r, a)
+	for _, a := range in.e.LoanAsks(w.clock(r)) {
+		w.borrow(r, in, a)
 	}
 }
+
+// reply is the heartbeat that instance to of region p sends back on the
+// stream from instance in of r, at most every hb: in hears p.
+func (w *world) reply(p *region, to *instance, r *region, in *instance, hb time.Duration) {
+	id := streamID(in, to)
+	if now := w.clock(p); now.Sub(to.replied[id]) >= hb {
+		if to.replied == nil {
+			to.replied = map[string]time.Time{}
+		}
+		to.replied[id] = now
+		w.send(w.sc.PeerLink, p.name, r.name, func() { in.e.Heard(w.clock(r), p.name) })
+	}
+}
+
+// peerOf is the instance of r that instance in of another region streams
+// to (and borrows from): as if each instance dialled the region's
+// address, spread evenly.
+func (r *region) peerOf(in *instance) *instance { return r.inst[in.j%len(r.inst)] }
+
+// streamID names the stream from instance from to instance to.
+func streamID(from, to *instance) string { return from.id + ">" + to.id }
 
 // errLendTimeout is what a borrower's driver gives Credit when no answer
 // came within LendTimeout.
 var errLendTimeout = errors.New("sim: lend timed out")
 
-// borrow sends a loan ask to its peer, as a Lend call with a timeout: the
-// lender deducts, then grants; a grant that comes too late is lost
-// (stranded at the lender for the window, never created).
-func (w *world) borrow(r *region, a regional.LoanAsk) {
+// borrow sends a loan ask of instance in of r to its peer, as a Lend call
+// with a timeout: the lender deducts, then grants; a grant that comes too
+// late is lost (stranded at the lender for the window, never created).
+func (w *world) borrow(r *region, in *instance, a regional.LoanAsk) {
 	w.m.loanAsks++
-	peer, done := w.byName(a.Peer), false
+	peer := w.byName(a.Peer)
+	lender, done := peer.peerOf(in), false
 	w.send(w.sc.PeerLink, r.name, peer.name, func() {
-		g, err := peer.e().Lend(w.clock(peer), regional.LoanRequest{From: r.name, Domain: a.Domain, Limit: a.Limit,
+		g, err := lender.e.Lend(w.clock(peer), regional.LoanRequest{From: r.name, Domain: a.Domain, Limit: a.Limit,
 			Key: a.Key, Window: a.Window, Amount: a.Amount, ID: a.ID})
 		w.send(w.sc.PeerLink, peer.name, r.name, func() {
 			if !done {
 				done = true
 				w.m.loaned += float64(g.Granted)
-				r.e().Credit(w.clock(r), a, g, err)
+				in.e.Credit(w.clock(r), a, g, err)
 			}
 		})
 	})
 	w.after(w.sc.LendTimeout, func() {
 		if !done {
 			done = true
-			r.e().Credit(w.clock(r), a, regional.LoanGrant{}, errLendTimeout)
+			in.e.Credit(w.clock(r), a, regional.LoanGrant{}, errLendTimeout)
 		}
 	})
 }
@@ -795,26 +836,28 @@ func (w *world) borrow(r *region, a regional.LoanAsk) {
 // they borrow).
 func (w *world) peers() bool { return w.lim.Mode == allot.Shared || w.sc.Peers }
 
-// inbound delivers batch b from peer from to region to.
-func (w *world) inbound(to, from *region, b regional.Batch) {
-	to.e().Heard(w.clock(to), from.name)
-	resync, err := to.e().Inbound(w.clock(to), regional.Source{Region: from.name, Stream: from.name + ">" + to.name}, b)
+// inbound delivers batch b from instance fromIn of region from to
+// instance toIn of region to.
+func (w *world) inbound(to *region, toIn *instance, from *region, fromIn *instance, b regional.Batch) {
+	toIn.e.Heard(w.clock(to), from.name)
+	resync, err := toIn.n.Inbound(w.clock(to), regional.Source{Region: from.name, Stream: streamID(fromIn, toIn)}, b)
 	if err != nil {
-		panic(fmt.Sprintf("%s: inbound from %s: %v", to.name, from.name, err))
+		panic(fmt.Sprintf("%s: inbound from %s: %v", toIn.id, fromIn.id, err))
 	}
 	if resync {
-		w.resync(to, from, b)
+		w.resync(to, toIn, from, fromIn, b)
 	}
 }
 
-// resync asks peer for the full state of b's limit, on r's behalf.
-func (w *world) resync(r, peer *region, b regional.Batch) {
+// resync asks instance peerIn of peer for the full state of b's limit, on
+// behalf of instance in of r.
+func (w *world) resync(r *region, in *instance, peer *region, peerIn *instance, b regional.Batch) {
 	w.send(w.sc.PeerLink, r.name, peer.name, func() {
-		full, err := peer.e().FullState(b.Domain, b.Limit)
+		full, err := peerIn.e.FullState(b.Domain, b.Limit)
 		if err != nil {
 			panic(err)
 		}
-		w.send(w.sc.PeerLink, peer.name, r.name, func() { w.inbound(r, peer, full) })
+		w.send(w.sc.PeerLink, peer.name, r.name, func() { w.inbound(r, in, peer, peerIn, full) })
 	})
 }
 
@@ -826,7 +869,7 @@ func (w *world) checkShares(s coordinator.Share) {
 	if key == "" {
 		key = w.keys.hotName // the default vector, as the watched key sees it
 	}
-	if t := w.tally[s.Limit]; t != nil { // a local limit: every instance's part, summed
+	if t := w.tally[s.Limit]; t != nil { // a Weighted limit: every instance's part, summed
 		w.m.shareSum = max(w.m.shareSum, t.def+t.adj[key])
 		return
 	}

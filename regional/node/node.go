@@ -1,0 +1,392 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/regional"
+)
+
+// Options configure a Node.
+type Options struct {
+	// Region and Instance name the instance; Instance must be unique in
+	// the region and kept across reconnects (a restarted process is a new
+	// instance).
+	Region, Instance string
+	Engine           *regional.Engine
+	// Counts, when set, is the CountStore the region's instances share:
+	// the region's shared-mode slot is the sum over them. nil: this
+	// instance is its region's only one.
+	Counts regional.CountStore
+}
+
+// Node is one enforcer instance's core. Safe for concurrent use; the zero
+// value is not usable, call New.
+type Node struct {
+	region, id string
+	e          *regional.Engine
+	counts     regional.CountStore
+
+	mu    sync.Mutex
+	links map[string]*coordinator.Instance // by domain; set by Link
+	at    time.Time                        // At of the latest report
+
+	rmu      sync.Mutex
+	received []regional.Batch // peers' batches since the last merge (with Counts)
+}
+
+// maxReceived bounds the peers' batches kept for a CountStore that does
+// not answer.
+const maxReceived = 4096
+
+// New returns the Node of an instance.
+func New(o Options) (*Node, error) {
+	if o.Engine == nil || o.Region == "" || o.Instance == "" {
+		return nil, errors.New("node: Engine, Region and Instance are required")
+	}
+	return &Node{region: o.Region, id: o.Instance, e: o.Engine, counts: o.Counts}, nil
+}
+
+// Engine returns the instance's engine.
+func (n *Node) Engine() *regional.Engine { return n.e }
+
+// Region returns the instance's region.
+func (n *Node) Region() string { return n.region }
+
+// Instance returns the instance's id.
+func (n *Node) Instance() string { return n.id }
+
+// Link makes every domain of the engine's configuration that lists the
+// region coordinated: every share of it is 0 until the coordinator's
+// first full grant, and so is every limit a later configuration adds (a
+// domain that does not list the region is enforced whole). Call it once,
+// before the instance serves traffic.
+func (n *Node) Link() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.links != nil {
+		return errors.New("node: Link called twice")
+	}
+	n.e.SetInitialShare(func(d *allot.Domain, l *allot.Limit) float64 {
+		if slices.Contains(d.Regions, n.region) {
+			return 0
+		}
+		return 1
+	})
+	n.links = map[string]*coordinator.Instance{}
+	var errs []error
+	for _, d := range n.e.Config().Domains {
+		if !slices.Contains(d.Regions, n.region) {
+			continue
+		}
+		x, err := coordinator.NewInstance(d, n.region, n.id)
+		if err != nil {
+			return err
+		}
+		n.links[d.Name] = x
+		_, err = n.set(time.Time{}, d.Name, x.Shares()) // every share to 0
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Domains returns the coordinated domains, sorted.
+func (n *Node) Domains() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Sorted(maps.Keys(n.links))
+}
+
+func (n *Node) link(domain string) (*coordinator.Instance, error) {
+	x := n.links[domain]
+	if x == nil {
+		return nil, fmt.Errorf("node: domain %q is not coordinated here", domain)
+	}
+	return x, nil
+}
+
+// Connect says a new stream to domain's coordinator begins: until a full
+// grant arrives, other assignments are refused. It returns the hello to
+// send: the latest assignment and grant applied, and the weights held.
+func (n *Node) Connect(domain string) (coordinator.Ack, []coordinator.Weight, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	x, err := n.link(domain)
+	if err != nil {
+		return coordinator.Ack{}, nil, err
+	}
+	x.Reconnect()
+	ack, ws := x.Hello()
+	return ack, ws, nil
+}
+
+// Applied returns the term and version of the latest assignment applied
+// for domain (zeros for none or a domain not coordinated here).
+func (n *Node) Applied(domain string) (term int64, version uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	x := n.links[domain]
+	if x == nil {
+		return 0, 0
+	}
+	ack, _ := x.Hello()
+	return ack.Term, ack.Version
+}
+
+// Assign applies an assignment at now, lowerings first, and returns the
+// shares applied (in order) and the ack to send. A refused assignment
+// changes nothing and returns a zero ack; an error with a non-zero ack
+// says the engine refused some of its shares (named in the error) and
+// applied the rest: the ack is still to be sent.
+func (n *Node) Assign(now time.Time, a coordinator.Assignment) ([]coordinator.Share, coordinator.Ack, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	x, err := n.link(a.Domain)
+	if err != nil {
+		return nil, coordinator.Ack{}, err
+	}
+	shares, ack, err := x.Apply(now, a)
+	if err != nil {
+		return nil, coordinator.Ack{}, err
+	}
+	// Under mu: the next assignment applies after this one.
+	applied, err := n.set(now, a.Domain, shares)
+	return applied, ack, err
+}
+
+// Expires returns when domain's grant in force expires (zero: none, or
+// one that does not expire).
+func (n *Node) Expires(domain string) time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if x := n.links[domain]; x != nil {
+		return x.Expires()
+	}
+	return time.Time{}
+}
+
+// Expire drops every share of every domain whose grant has expired at now
+// without a renewal to nothing, until the coordinator grants again; it
+// returns the domains it dropped and the shares applied.
+func (n *Node) Expire(now time.Time) ([]string, []coordinator.Share) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var doms []string
+	var all []coordinator.Share
+	for _, d := range slices.Sorted(maps.Keys(n.links)) {
+		shares := n.links[d].Expire(now)
+		if len(shares) == 0 {
+			continue
+		}
+		doms = append(doms, d)
+		applied, _ := n.set(now, d, shares) // the Instance's own shares: valid
+		all = append(all, applied...)
+	}
+	return doms, all
+}
+
+// Leave drops every share of every domain to nothing for good (a graceful
+// stop, once no request is served any more) and returns, by domain, the
+// ack that tells the coordinator so: what the instance held is then
+// reclaimable at once instead of after its grants expire.
+func (n *Node) Leave(now time.Time) map[string]coordinator.Ack {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	acks := map[string]coordinator.Ack{}
+	for d, x := range n.links {
+		shares, ack := x.Leave()
+		n.set(now, d, shares) // the Instance's own shares: valid
+		acks[d] = ack
+	}
+	return acks
+}
+
+// Reconfigure follows the engine's new configuration (call it after the
+// engine's SetConfig): limits it adds are held at nothing until assigned.
+// A domain added to the configuration is coordinated from the next start.
+func (n *Node) Reconfigure(now time.Time) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var errs []error
+	for _, d := range n.e.Config().Domains {
+		x := n.links[d.Name]
+		if x == nil {
+			continue
+		}
+		shares, err := x.Reconfigure(d)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		_, err = n.set(now, d.Name, shares)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Ready returns nil once every coordinated domain holds a grant with a
+// part of each of its local limits, or an error naming the first that
+// does not: an instance that holds nothing rejects every request of it.
+func (n *Node) Ready() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, d := range slices.Sorted(maps.Keys(n.links)) {
+		if !n.links[d].Serving() {
+			return fmt.Errorf("no grant from the coordinator of domain %s yet", d)
+		}
+	}
+	return nil
+}
+
+// set applies shares, in order, to the engine: a run of hot keys of one
+// limit in one SetKeyShares call (an assignment may carry thousands). It
+// returns the shares applied; one the engine refuses is skipped and
+// reported in the error, the others are applied.
+func (n *Node) set(now time.Time, domain string, shares []coordinator.Share) ([]coordinator.Share, error) {
+	applied := shares[:0:0]
+	var errs []error
+	for i := 0; i < len(shares); {
+		j := i + 1
+		for j < len(shares) && !shares[i].Reset && shares[i].Key != "" && shares[j].Key != "" && !shares[j].Reset && shares[j].Limit == shares[i].Limit {
+			j++
+		}
+		s := shares[i]
+		var err error
+		switch {
+		case s.Reset:
+			err = n.e.ResetShare(domain, s.Limit, s.Value, s.Since)
+		case s.Key == "":
+			err = n.e.SetShare(now, domain, s.Limit, s.Value)
+		default:
+			ks := make([]regional.KeyShare, 0, j-i)
+			for _, s := range shares[i:j] {
+				ks = append(ks, regional.KeyShare{Key: s.Key, Share: s.Value})
+			}
+			err = n.e.SetKeyShares(now, domain, s.Limit, ks)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("share of %s/%s key %q not applied: %w", domain, s.Limit, s.Key, err))
+		} else {
+			applied = append(applied, shares[i:j]...)
+		}
+		i = j
+	}
+	return applied, errors.Join(errs...)
+}
+
+// Reports drains the engine's demand since the previous call and returns
+// one report per coordinated domain, sorted by domain: an empty one says
+// the instance is alive. Reports are ordered: a clock stepped back gives
+// the next report the previous At + 1 ns.
+func (n *Node) Reports(now time.Time) []coordinator.Report {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !now.After(n.at) {
+		now = n.at.Add(time.Nanosecond)
+	}
+	n.at = now
+	byDomain := map[string]*coordinator.Report{}
+	for d := range n.links {
+		byDomain[d] = &coordinator.Report{Domain: d, Region: n.region, Instance: n.id, At: now}
+	}
+	for _, d := range n.e.Demand() {
+		r := byDomain[d.Domain]
+		if r == nil {
+			continue // not coordinated here
+		}
+		if k := len(r.Limits); k == 0 || r.Limits[k-1].Limit != d.Limit {
+			r.Limits = append(r.Limits, coordinator.LimitDemand{Limit: d.Limit})
+		}
+		ld := &r.Limits[len(r.Limits)-1]
+		if d.Key == "" {
+			ld.Admitted, ld.Rejected = d.Admitted, d.Rejected
+		} else {
+			ld.Keys = append(ld.Keys, coordinator.KeyDemand{Key: d.Key, Admitted: d.Admitted, Rejected: d.Rejected, NearLimit: d.NearLimit})
+		}
+	}
+	out := make([]coordinator.Report, 0, len(byDomain))
+	for _, d := range slices.Sorted(maps.Keys(byDomain)) {
+		out = append(out, *byDomain[d])
+	}
+	return out
+}
+
+// SyncOut is the instance's side of a peer sync tick: the batches to send
+// to every peer, in order. With a CountStore, this instance's counts and
+// the peers' batches it received since the last tick are merged in the
+// store first (the region's slot is the sum over its instances); a store
+// that does not answer leaves the other instances' counts as last merged
+// and keeps what was received for the next merge, and its error is
+// returned with the batches.
+func (n *Node) SyncOut(ctx context.Context, now time.Time) ([]regional.Batch, error) {
+	if n.counts == nil {
+		return n.e.SyncOut(now), nil
+	}
+	n.rmu.Lock()
+	received := n.received
+	n.received = nil
+	n.rmu.Unlock()
+	own := n.e.CollectCounts(now, true)
+	ops := n.e.CountOps(own, received)
+	res := make([]regional.RegionCount, len(ops))
+	err := n.counts.MergeCounts(ctx, n.id, ops, res)
+	if err != nil {
+		// The peers' slots received count here already (Inbound) and go
+		// to the store at the next merge.
+		res = regional.Alone(own)
+		n.rmu.Lock()
+		if len(n.received) < maxReceived {
+			n.received = append(received, n.received...)
+		}
+		n.rmu.Unlock()
+	}
+	n.e.PublishCounts(now, res)
+	return n.e.Outbound(now), err
+}
+
+// Inbound merges batch b of a peer's stream src and reports whether the
+// stream lost deltas (ask the peer for the limit's FullState). With a
+// CountStore, the batch's deltas go to the store at the next SyncOut, so
+// that the region's other instances learn them too.
+func (n *Node) Inbound(now time.Time, src regional.Source, b regional.Batch) (bool, error) {
+	resync, err := n.e.Inbound(now, src, b)
+	if err == nil && n.counts != nil && len(b.Deltas) > 0 {
+		n.rmu.Lock()
+		n.received = append(n.received, b)
+		n.rmu.Unlock()
+	}
+	return resync, err
+}
+
+// minTick and maxTick bound the default peer tick.
+const (
+	minTick = 10 * time.Millisecond
+	maxTick = 250 * time.Millisecond
+)
+
+// PeerIntervals returns an instance's default peer sync tick (how often
+// due deltas go out and loans are asked: a tenth of the shortest sync
+// interval of cfg, within [10ms, 250ms]) and heartbeat (how often a
+// message goes each way on a peer stream when no delta does: half that
+// interval). A peer's silence is noticed from the heartbeats' absence.
+func PeerIntervals(cfg *allot.Config) (tick, heartbeat time.Duration) {
+	d := time.Duration(0)
+	for _, dom := range cfg.Domains {
+		for _, l := range dom.Limits {
+			if l.SyncInterval > 0 && (d == 0 || l.SyncInterval < d) {
+				d = l.SyncInterval
+			}
+		}
+	}
+	if d == 0 {
+		d = allot.DefaultSyncInterval
+	}
+	return min(max(d/10, minTick), maxTick), d / 2
+}

@@ -1,0 +1,198 @@
+package node_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/coordinator"
+	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/node"
+)
+
+const cfgText = `
+domain: api
+regions: [us, eu]
+limits:
+  - {name: per-user, match: {user: "*"}, rate: 100/1h, algorithm: sliding_window, mode: split, enforcement: local}
+`
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newNode(t *testing.T, cfg *allot.Config, id string, counts regional.CountStore) *node.Node {
+	t.Helper()
+	n, err := node.New(node.Options{Region: "us", Instance: id, Engine: regional.New(cfg, regional.Options{}), Counts: counts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func parse(t *testing.T, text string) *allot.Config {
+	t.Helper()
+	cfg, err := allot.ParseConfig("t.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func admitted(t *testing.T, e *regional.Engine, now time.Time, n int) int {
+	t.Helper()
+	var dec allot.Decision
+	a := 0
+	for range n {
+		if err := e.Check(now, "api", allot.Descriptor{{Key: "user", Value: "42"}}, 1, &dec); err != nil {
+			t.Fatal(err)
+		}
+		if dec.Allowed {
+			a++
+		}
+	}
+	return a
+}
+
+// An instance holds nothing until its first grant, then its region's
+// share × its weight; what the coordinator's Fleet sends is applied by
+// the Node, and the ack it returns is the Fleet's to take.
+func TestNodeHoldsNothingUntilGranted(t *testing.T) {
+	cfg := parse(t, cfgText)
+	start := t0.Add(time.Minute) // the coordinator starts mid-window
+	f, err := coordinator.NewFleet(start, coordinator.FleetConfig{Coordinator: coordinator.Config{Domain: cfg.Domain("api"), Term: 1, Period: time.Second}}, coordinator.Snapshot{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, cfg, "us-1", nil)
+	if err := n.Link(); err != nil {
+		t.Fatal(err)
+	}
+	if got := admitted(t, n.Engine(), start, 10); got != 0 {
+		t.Fatalf("admitted %d before any grant, want 0", got)
+	}
+	if n.Ready() == nil {
+		t.Fatal("Ready before any grant")
+	}
+	hello, ws, err := n.Connect("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := f.Attach(start, "us", "us-1", false, hello, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rd.Send) != 1 {
+		t.Fatalf("Attach sent %d assignments, want 1 (the full grant)", len(rd.Send))
+	}
+	applied, ack, err := n.Assign(start, rd.Send[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) == 0 || ack.Instance != "us-1" {
+		t.Fatalf("Assign applied %v, ack %+v", applied, ack)
+	}
+	if err := n.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	// The region's share is half of the limit (the even split of a
+	// coordinator without demand yet), the instance its only one.
+	if got := admitted(t, n.Engine(), start, 100); got > 50 {
+		t.Fatalf("admitted %d in the window of the grant, want at most 50", got)
+	}
+	if got, want := admitted(t, n.Engine(), t0.Add(2*time.Hour), 100), 50; got != want {
+		t.Fatalf("admitted %d two windows on, want %d", got, want)
+	}
+	// A grant not renewed before it expires takes the instance back to
+	// nothing.
+	doms, shares := n.Expire(n.Expires("api").Add(time.Nanosecond))
+	if len(doms) != 1 || len(shares) == 0 || n.Ready() == nil {
+		t.Fatalf("Expire dropped %v (%v), Ready %v", doms, shares, n.Ready())
+	}
+	// Leave says so to the coordinator.
+	if ack := n.Leave(start)["api"]; !ack.Leaving || ack.Instance != "us-1" {
+		t.Fatalf("Leave's ack %+v", ack)
+	}
+}
+
+// Reports carry the engine's demand, one per coordinated domain, in
+// order even when the clock steps back.
+func TestNodeReportsStayOrdered(t *testing.T) {
+	cfg := parse(t, cfgText)
+	n := newNode(t, cfg, "us-1", nil)
+	if err := n.Link(); err != nil {
+		t.Fatal(err)
+	}
+	admitted(t, n.Engine(), t0, 3)
+	r1 := n.Reports(t0.Add(time.Second))
+	r2 := n.Reports(t0) // the clock stepped back
+	if len(r1) != 1 || len(r2) != 1 {
+		t.Fatalf("reports %v, %v: want one each", r1, r2)
+	}
+	if !r2[0].At.After(r1[0].At) {
+		t.Fatalf("second report at %v, not after the first's %v", r2[0].At, r1[0].At)
+	}
+	if got := r1[0]; got.Instance != "us-1" || got.Region != "us" || len(got.Limits) != 1 || got.Limits[0].Rejected != 3 {
+		t.Fatalf("first report %+v, want 3 rejected of per-user (nothing held)", got)
+	}
+}
+
+// With a CountStore, the region's instances sum their shared-mode counts:
+// what one instance admitted is in what the others send their peers.
+func TestNodeSyncOutSumsTheRegionsInstances(t *testing.T) {
+	cfg := parse(t, `
+domain: api
+regions: [us, eu]
+limits:
+  - {name: g, match: {user: "*"}, rate: 100/1h, algorithm: sliding_window, mode: shared, enforcement: local}
+`)
+	now := t0.Add(time.Minute)
+	counts := &regional.MemoryCounts{Now: func() time.Time { return now }}
+	a, b := newNode(t, cfg, "us-a", counts), newNode(t, cfg, "us-b", counts)
+	for _, n := range []*node.Node{a, b} {
+		if err := n.Engine().SetPeers("us", []string{"eu"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := admitted(t, a.Engine(), now, 30); got != 30 {
+		t.Fatalf("a admitted %d, want 30", got)
+	}
+	if got := admitted(t, b.Engine(), now, 10); got != 10 {
+		t.Fatalf("b admitted %d, want 10", got)
+	}
+	if _, err := a.SyncOut(context.Background(), now); err != nil {
+		t.Fatal(err)
+	}
+	batches, err := b.SyncOut(context.Background(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for _, bt := range batches {
+		for _, d := range bt.Deltas {
+			total += d.Value
+		}
+	}
+	if total != 40 {
+		t.Fatalf("b sends its peers a region count of %d, want 40 (a's 30 and its 10)", total)
+	}
+	// A store that does not answer: each instance counts alone, and says
+	// so.
+	counts.SetErr(context.DeadlineExceeded)
+	if _, err := b.SyncOut(context.Background(), now); err == nil {
+		t.Fatal("SyncOut with a failing CountStore returned no error")
+	}
+}
+
+func TestPeerIntervals(t *testing.T) {
+	cfg := parse(t, `
+domain: api
+regions: [us, eu]
+limits:
+  - {name: g, match: {}, rate: 100/1s, mode: shared, sync_interval: 50ms}
+  - {name: h, match: {}, rate: 100/10s, mode: shared, sync_interval: 1s}
+`)
+	tick, hb := node.PeerIntervals(cfg)
+	if tick != 10*time.Millisecond || hb != 25*time.Millisecond {
+		t.Fatalf("PeerIntervals = %v, %v; want 10ms, 25ms", tick, hb)
+	}
+}
