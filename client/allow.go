@@ -9,6 +9,7 @@ import (
 
 	"github.com/allot-dev/allot"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/allot-dev/allot/regional"
 )
 
 // maxDescriptors bounds the descriptors of one request (the enforcer's
@@ -31,7 +32,7 @@ func (c *Client) Allow(ctx context.Context, domain string, descriptors []allot.D
 	b := c.keys.get(domain, descriptors)
 	if b != nil {
 		b.mu.Lock()
-		if b.take(hits) {
+		if b.gw.Take(hits) {
 			d := b.allowed()
 			b.mu.Unlock()
 			c.stats.local.Add(1)
@@ -69,31 +70,27 @@ func validate(domain string, descriptors []allot.Descriptor, hits int64) error {
 func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	now := time.Now()
 	b.mu.Lock()
-	b.lastUse = now
-	b.maxHits = max(b.maxHits, hits)
-	if b.take(hits) { // a grant arrived meanwhile
+	switch v, wait := b.gw.Decide(now, hits); v {
+	case regional.GatewaySpent: // a grant arrived meanwhile
 		d := b.allowed()
 		b.mu.Unlock()
 		c.stats.local.Add(1)
 		return d
-	}
-	if b.state == stateUnlimited {
+	case regional.GatewayPass:
 		d := b.info
 		d.Allowed = true
 		b.mu.Unlock()
 		c.stats.local.Add(1)
 		return d
-	}
-	if b.state == stateLeased && hits > 0 && now.Before(b.deniedUntil) {
+	case regional.GatewayDenied:
 		d := b.info
 		d.Allowed = false
-		d.RetryAfter = b.deniedUntil.Sub(now)
+		d.RetryAfter = wait
 		d.Remaining = b.tokens() + b.left
 		b.mu.Unlock()
 		c.stats.local.Add(1)
 		return d
 	}
-	b.asked += hits
 	b.mu.Unlock()
 
 	ans, err := c.checks.do(ctx, &allotv1.CheckItem{Domain: b.domain, Descriptors: b.wire, Hits: &hits})
@@ -108,7 +105,7 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		// The enforcer refused the request itself (bad input, unknown
 		// domain): a shape never answered for is forgotten.
 		b.mu.Lock()
-		if b.state == stateNew {
+		if b.gw.Mode() == regional.GatewayNew {
 			b.mu.Unlock()
 			c.keys.remove(b)
 		} else {
@@ -119,16 +116,9 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	d := fromResult(ans.res)
 	d.Source = SourceEnforcer
 	b.mu.Lock()
-	lease := b.state != stateCheckEach && b.state != stateUnlimited
-	b.needLease = b.needLease || lease
-	if !d.Allowed && hits > 0 && d.RetryAfter > 0 {
-		// Requests of this shape are refused here until the enforcer's
-		// retry_after, but never for longer than a sync interval: other
-		// gateways' returns may free tokens sooner.
-		// Within a quarter interval the sync loop asks for whatever
-		// refilled; the enforcer is not asked per request meanwhile.
-		b.deniedUntil = now.Add(min(max(d.RetryAfter, c.cfg.SyncInterval/4), c.cfg.SyncInterval))
-	}
+	// A rejection refuses requests of this shape here for a while
+	// (GatewayKey.Checked); the sync loop asks for a lease.
+	lease := b.gw.Checked(now, hits, d.Allowed, d.RetryAfter, c.cfg.SyncInterval)
 	b.mu.Unlock()
 	if lease {
 		c.wake()

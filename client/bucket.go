@@ -10,20 +10,12 @@ import (
 	"github.com/allot-dev/allot/regional"
 )
 
-type bucketState uint8
-
-const (
-	stateNew       bucketState = iota // no Lease answer yet: requests go to Check
-	stateLeased                       // decided from leases
-	stateCheckEach                    // an exact limit matches: every request goes to Check
-	stateUnlimited                    // no limit matches: every request passes
-)
-
 // bucket is one request shape (domain and descriptors) of this gateway.
-// It holds at most two grants: requests spend the older first, and the
-// sync loop asks for a new one while the current still covers the
-// requests that arrive during the call, so a renewal never sends traffic
-// to the enforcer.
+// Its lease loop is regional.GatewayKey: at most two grants, the older
+// spent first, the sync loop asking for a new one while the current still
+// covers the requests that arrive during the call, so a renewal never
+// sends traffic to the enforcer. The bucket adds the wire form and what
+// the enforcer's answers said.
 type bucket struct {
 	// Immutable after newBucket; next is guarded by the key table's shard.
 	domain string
@@ -32,21 +24,11 @@ type bucket struct {
 	hash   uint64
 	next   *bucket
 
-	mu          sync.Mutex
-	state       bucketState
-	hold        regional.LeaseHold // the grants (regional/gatewaylease.go)
-	left        int64              // what the enforcer had left after the last grant
-	spent       int64              // spent from grants since the last report
-	asked       int64              // hits sent to Check since the last sync
-	maxHits     int64              // the largest request seen since the last sync
-	rate        float64            // hits per second: average over sync intervals
-	lastSync    time.Time          // when rate was last updated
-	lastUse     time.Time
-	probed      time.Time // last Lease answer
-	needLease   bool      // a request found no lease: take one now
-	deniedUntil time.Time // the enforcer said nothing is left until then
-	info        Decision  // the most restrictive limit, as of the last grant
-	fallback    []fallbackLimit
+	mu       sync.Mutex
+	gw       regional.GatewayKey // the lease loop (regional/gatewaylease.go)
+	left     int64               // what the enforcer had left after the last grant
+	info     Decision            // the most restrictive limit, as of the last grant
+	fallback []fallbackLimit
 }
 
 func newBucket(domain string, ds []allot.Descriptor) *bucket {
@@ -59,8 +41,7 @@ func newBucket(domain string, ds []allot.Descriptor) *bucket {
 		}
 		b.wire[i] = w
 	}
-	now := time.Now()
-	b.lastSync, b.lastUse = now, now
+	b.gw = regional.NewGatewayKey(time.Now())
 	return b
 }
 
@@ -77,15 +58,6 @@ func (b *bucket) is(domain string, ds []allot.Descriptor) bool {
 	return true
 }
 
-// take spends hits from the grants, older first; the caller holds b.mu.
-func (b *bucket) take(hits int64) bool {
-	if b.state != stateLeased || !b.hold.Take(hits) {
-		return false
-	}
-	b.spent += hits
-	return true
-}
-
 // allowed is the answer to a request a grant covered; the caller holds
 // b.mu.
 func (b *bucket) allowed() Decision {
@@ -96,4 +68,4 @@ func (b *bucket) allowed() Decision {
 }
 
 // tokens is what the grants hold; the caller holds b.mu.
-func (b *bucket) tokens() int64 { return b.hold.Held() }
+func (b *bucket) tokens() int64 { return b.gw.Held() }

@@ -9,14 +9,6 @@ import (
 	"github.com/allot-dev/allot/regional"
 )
 
-// idleAfter is how many sync intervals a bucket may go unused before it
-// is forgotten (its unused tokens are returned first).
-const idleAfter = 20
-
-// reprobe is how often buckets that take no leases (check-each,
-// unlimited) ask again, so that a configuration change reaches them.
-const reprobe = 5 * time.Second
-
 // run is the sync loop: one batched Lease call per interval, and sooner
 // when a request found no lease (at most every quarter interval).
 func (c *Client) run() {
@@ -74,7 +66,7 @@ func (c *Client) syncOnce(leaving bool) error {
 	var slots []leaseSlot
 	for _, b := range c.keys.all() {
 		b.mu.Lock()
-		its, asking, forget := c.plan(b, now, ttl, interval, leaving)
+		its, asking, forget := b.plan(now, interval, leaving)
 		b.mu.Unlock()
 		for i, it := range its {
 			items = append(items, it)
@@ -104,71 +96,35 @@ func (c *Client) syncOnce(leaving bool) error {
 	return errors.Join(errs...)
 }
 
-// plan decides what b sends this round; the caller holds b.mu. It moves
-// the tokens it returns out of the bucket: they are gone even if the call
-// fails (a lost return strands tokens, it never adds any).
-func (c *Client) plan(b *bucket, now time.Time, ttl, interval time.Duration, leaving bool) (items []*allotv1.LeaseItem, asking, forget bool) {
-	b.rate = regional.GatewayRate(b.rate, b.spent+b.asked, now.Sub(b.lastSync))
-	b.lastSync = now
-	b.asked = 0
-	used := b.spent
-	b.spent = 0
+// plan is b's items of this round (regional.GatewayKey.Plan decides
+// them); the caller holds b.mu. The tokens it returns are gone from the
+// bucket even if the call fails. asking says the last item asks for a
+// grant.
+func (b *bucket) plan(now time.Time, interval time.Duration, leaving bool) (items []*allotv1.LeaseItem, asking, forget bool) {
+	p := b.gw.Plan(now, interval, leaving)
 	item := func() *allotv1.LeaseItem {
 		return &allotv1.LeaseItem{Domain: b.domain, Descriptors: b.wire}
 	}
-	idle := now.Sub(b.lastUse) > idleAfter*interval
-	forget = leaving || idle
-
-	// Grants that end before the next round (or now, when leaving or
-	// idle) go back.
-	edge := now.Add(interval + interval/2) // grants ending before it go back now
-	for _, g := range b.hold.Ending(edge, forget, nil) {
+	for _, g := range p.Return {
 		it := item()
 		it.Returned, it.ReturnedGrantedAtUnixNano = g.Tokens, g.GrantedAt
 		items = append(items, it)
 	}
-	if used > 0 {
+	if p.Used > 0 {
 		if len(items) > 0 {
-			items[0].Used = used
+			items[0].Used = p.Used
 		} else {
 			it := item()
-			it.Used = used
+			it.Used = p.Used
 			items = append(items, it)
 		}
 	}
-	if forget {
-		return items, false, true
-	}
-
-	switch b.state {
-	case stateCheckEach, stateUnlimited:
-		if now.Sub(b.probed) > reprobe {
-			items = append(items, item())
-			return items, true, false
-		}
-		return items, false, false
-	}
-	// Ask for two intervals of this gateway's rate whenever what it holds
-	// would not last until the round after next, or a request found
-	// nothing (regional.GatewayWant, GatewayRenew).
-	need := regional.GatewayWant(b.rate, interval, b.maxHits)
-	b.maxHits = 0
-	if b.needLease || regional.GatewayRenew(b.hold.Held(), b.rate, interval) {
-		if g, ok := b.hold.MakeRoom(); ok {
-			// Room for one more grant only: the older goes back now.
-			it := item()
-			it.Returned, it.ReturnedGrantedAtUnixNano = g.Tokens, g.GrantedAt
-			items = append(items, it)
-		}
-		if now.Before(b.deniedUntil) && !b.needLease {
-			return items, false, false
-		}
+	if p.Ask {
 		it := item()
-		it.Want = need
+		it.Want = p.Want
 		items = append(items, it)
-		return items, true, false
 	}
-	return items, false, false
+	return items, p.Ask, p.Forget
 }
 
 // lease sends one Lease call and applies its grants.
@@ -194,7 +150,7 @@ func (c *Client) lease(sent time.Time, items []*allotv1.LeaseItem, slots []lease
 		for _, s := range slots {
 			if s.asking {
 				s.b.mu.Lock()
-				s.b.needLease = false
+				s.b.gw.Unanswered()
 				s.b.mu.Unlock()
 			}
 			if !isUnavailable(err) {
@@ -226,30 +182,22 @@ func (c *Client) lease(sent time.Time, items []*allotv1.LeaseItem, slots []lease
 	return nil
 }
 
-// apply takes one grant into b; the caller holds b.mu.
+// apply takes one grant into b (regional.GatewayKey.Answer); the caller
+// holds b.mu.
 func (b *bucket) apply(g *allotv1.LeaseGrant, sent time.Time, ttl time.Duration, now time.Time, interval time.Duration) {
-	b.needLease = false
-	b.probed = now
 	b.fallback = fallbacks(g.GetFallback(), b.fallback)
 	d := fromResult(&allotv1.CheckResult{Allowed: true, Limits: g.GetLimits()})
 	d.Source = SourceLease
 	b.info = d
+	a := regional.GatewayAnswer{Mode: regional.GatewayLeased, Granted: g.GetGranted(), GrantedAt: g.GetGrantedAtUnixNano(),
+		TTL: ttl, RetryAfter: g.GetRetryAfter().AsDuration()}
 	switch {
 	case g.GetCheckEach():
-		b.state = stateCheckEach
-		return
+		a.Mode = regional.GatewayCheckEach
 	case d.Limit == "":
-		b.state = stateUnlimited
-		return
+		a.Mode = regional.GatewayUnlimited
+	default:
+		b.left = d.Remaining
 	}
-	b.state = stateLeased
-	b.left = d.Remaining
-	if n := g.GetGranted(); n > 0 {
-		b.hold.Add(regional.LeaseGrant{Tokens: n, GrantedAt: g.GetGrantedAtUnixNano(), Expires: sent.Add(ttl)})
-	}
-	if g.GetGranted() == 0 {
-		if ra := g.GetRetryAfter().AsDuration(); ra > 0 {
-			b.deniedUntil = now.Add(min(ra, interval))
-		}
-	}
+	b.gw.Answer(now, sent, a, interval)
 }

@@ -9,12 +9,15 @@ import (
 )
 
 // Gateways is allot with the region's instances as gateways that decide
-// from leases held from one regional enforcer, as the Go SDK (client/)
-// does: the same sizing (regional.GatewayWant, GatewayGrant,
-// GatewayRenew) and the same two-grant hold (regional.LeaseHold), grants returned
-// 1.5 rounds before their TTL, requests no lease covers sent to the
-// enforcer's check, and a rejection remembered for at least a quarter
-// round. Calls between gateway and enforcer take no time here.
+// from leases held from one regional enforcer: each key of a gateway is
+// the Go SDK's own lease loop (regional.GatewayKey, which client/'s
+// bucket runs), driven as client/ drives it. The simulator adds only the
+// world: the calls (which take no time here), their count, and the
+// enforcer's side of them (below). Not modelled: the SDK's early round
+// after a Check (at most every quarter interval), its empty round every
+// half TTL (the enforcer's count of gateways), a call's split into
+// batches of 1000 items, and check_each or unlimited answers (the
+// enforcer grants every key a lease).
 const Gateways = "gateways"
 
 // gatewayTTL is the enforcer's lease TTL (server.DefaultLeaseTTL).
@@ -27,16 +30,8 @@ type gateway struct {
 
 // gwKey is one key at one gateway (client/bucket.go's bucket).
 type gwKey struct {
-	desc        allot.Descriptor
-	hold        regional.LeaseHold // the SDK's own two-grant hold
-	spent       int64
-	asked       int64
-	maxHits     int64
-	rate        float64
-	lastSync    time.Time
-	lastUse     time.Time
-	needLease   bool
-	deniedUntil time.Time
+	desc allot.Descriptor
+	k    regional.GatewayKey
 }
 
 // buildGateways gives every region of the gateways system its gateways
@@ -54,52 +49,45 @@ func (w *world) buildGateways() {
 	}
 }
 
-// gatewayDecide decides n requests of cost on key id at gateway g, now.
+// gatewayDecide decides n requests of cost on key id at gateway g, now,
+// one by one as client.Allow does: from the grants, else as
+// GatewayKey.Decide says, sending to the enforcer's Check those it asks.
 func (w *world) gatewayDecide(r *region, g *gateway, id int, desc allot.Descriptor, cost int64, n int) int {
 	k := g.keys[id]
 	if k == nil {
-		k = &gwKey{desc: slices.Clone(desc), lastSync: w.now}
+		k = &gwKey{desc: slices.Clone(desc), k: regional.NewGatewayKey(w.now)}
 		g.keys[id] = k
 	}
-	k.lastUse = w.now
-	k.maxHits = max(k.maxHits, cost)
 	a := 0
-	for a < n && k.hold.Take(cost) {
-		k.spent += cost
-		a++
-	}
-	if a == n || w.now.Before(k.deniedUntil) {
-		return a
-	}
-	// The lease does not cover the rest: each goes to the enforcer until
-	// one is rejected, and the next round takes a lease.
-	in := r.inst[0]
-	k.needLease = true
-	for a < n {
-		w.m.storeCalls[r.idx]++
-		k.asked += cost
-		ok, err := w.check(r, in, k.desc, cost)
-		if err != nil {
-			panic(err)
+	for range n {
+		if k.k.Take(cost) {
+			a++
+			continue
 		}
-		if !ok {
-			if ra := w.dec.RetryAfter; ra > 0 {
-				k.deniedUntil = w.now.Add(min(max(ra, w.sc.GatewaySync/4), w.sc.GatewaySync))
+		switch v, _ := k.k.Decide(w.now, cost); v {
+		case regional.GatewaySpent, regional.GatewayPass:
+			a++
+		case regional.GatewayAsk:
+			w.m.storeCalls[r.idx]++
+			ok, err := w.check(r, r.inst[0], k.desc, cost)
+			if err != nil {
+				panic(err)
 			}
-			break
+			k.k.Checked(w.now, cost, ok, w.dec.RetryAfter, w.sc.GatewaySync)
+			if ok {
+				a++
+			}
 		}
-		a++
 	}
 	return a
 }
 
-// gatewayRound is one gateway's lease round (client/sync.go's plan):
-// returns, then new grants, in one call to the enforcer when there is
-// anything to send.
+// gatewayRound is one gateway's lease round (client/sync.go's
+// syncOnce): every key's plan, in one call to the enforcer when any has
+// something to send, the enforcer serving each key's returns and then
+// its ask.
 func (w *world) gatewayRound(r *region, g *gateway) {
-	now := w.clock(r)
 	iv := w.sc.GatewaySync
-	edge := w.now.Add(iv + iv/2)
 	sent := false
 	ids := make([]int, 0, len(g.keys))
 	for id := range g.keys {
@@ -108,59 +96,50 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 	slices.Sort(ids) // a deterministic order
 	for _, id := range ids {
 		k := g.keys[id]
-		k.rate = regional.GatewayRate(k.rate, k.spent+k.asked, w.now.Sub(k.lastSync))
-		k.lastSync = w.now
-		k.asked, k.spent = 0, 0
-		forget := w.now.Sub(k.lastUse) > 20*iv
-		for _, gr := range k.hold.Ending(edge, forget, nil) {
+		p := k.k.Plan(w.now, iv, false)
+		for _, gr := range p.Return {
 			w.gatewayReturn(r, k, gr)
+		}
+		if len(p.Return) > 0 || p.Used > 0 || p.Ask {
 			sent = true
 		}
-		if forget {
+		if p.Forget {
 			delete(g.keys, id)
 			continue
 		}
-		want := regional.GatewayWant(k.rate, iv, k.maxHits)
-		k.maxHits = 0
-		if !k.needLease && !regional.GatewayRenew(k.hold.Held(), k.rate, iv) {
-			continue
+		if p.Ask {
+			k.k.Answer(w.now, w.now, w.gatewayGrant(r, k, p.Want), iv)
 		}
-		if gr, ok := k.hold.MakeRoom(); ok {
-			w.gatewayReturn(r, k, gr)
-		}
-		k.needLease = false
-		sent = true
-		if w.now.Before(k.deniedUntil) {
-			continue
-		}
-		// The enforcer: what the most restrictive limit has left, then a
-		// grant charged like a check of that many hits.
-		in := r.inst[0]
-		if _, err := w.check(r, in, k.desc, 0); err != nil {
-			panic(err)
-		}
-		left := int64(-1)
-		for _, st := range w.dec.Statuses {
-			if !st.Shadow && (left < 0 || st.Remaining < left) {
-				left = st.Remaining
-			}
-		}
-		n := regional.GatewayGrant(want, left)
-		if n <= 0 {
-			continue
-		}
-		ok, err := w.check(r, in, k.desc, n)
-		if err != nil {
-			panic(err)
-		}
-		if !ok {
-			continue
-		}
-		k.hold.Add(regional.LeaseGrant{Tokens: n, GrantedAt: now.UnixNano(), Expires: w.now.Add(gatewayTTL)})
 	}
 	if sent {
 		w.m.storeCalls[r.idx]++
 	}
+}
+
+// gatewayGrant is the enforcer's answer to an ask for want tokens of k
+// (regional/server's leases.grant): sized by what the most restrictive
+// limit has left (regional.GatewayGrant), charged like a check of that
+// many hits, with a retry_after when less than asked was granted.
+func (w *world) gatewayGrant(r *region, k *gwKey, want int64) regional.GatewayAnswer {
+	now := w.clock(r)
+	a := regional.GatewayAnswer{Mode: regional.GatewayLeased, GrantedAt: now.UnixNano(), TTL: gatewayTTL}
+	in := r.inst[0]
+	if _, err := w.check(r, in, k.desc, 0); err != nil {
+		panic(err)
+	}
+	if n := regional.GatewayGrant(want, regional.GatewayLeft(&w.dec)); n > 0 {
+		ok, err := w.check(r, in, k.desc, n)
+		if err != nil {
+			panic(err)
+		}
+		if ok {
+			a.Granted = n
+		}
+	}
+	if a.Granted < want {
+		a.RetryAfter = regional.GatewayRetryAfter(&w.dec)
+	}
+	return a
 }
 
 // gatewayReturn gives a grant's unused tokens back to the enforcer: only

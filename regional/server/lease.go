@@ -219,17 +219,8 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 		g.Limits = checkResult(&dec).Limits
 		return g, nil
 	}
-	// Size by the most restrictive limit's remaining (GatewayGrant).
-	left := int64(-1)
-	for _, st := range dec.Statuses {
-		if st.Shadow {
-			continue
-		}
-		if left < 0 || st.Remaining < left {
-			left = st.Remaining
-		}
-	}
-	n := regional.GatewayGrant(it.want, left)
+	// Size by the most restrictive limit's remaining.
+	n := regional.GatewayGrant(it.want, regional.GatewayLeft(&dec))
 	if n > 0 {
 		ci := it.CheckItem
 		ci.Hits = n
@@ -242,24 +233,8 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 		}
 	}
 	if g.Granted < it.want {
-		g.RetryAfter = durationpb.New(retryAfter(&dec))
+		g.RetryAfter = durationpb.New(regional.GatewayRetryAfter(&dec))
 	}
 	g.Limits = checkResult(&dec).Limits
 	return g, nil
-}
-
-// retryAfter is when a rejected (or exhausted) item may pass again: the
-// decision's, or the longest reset among limits with nothing left.
-func retryAfter(dec *allot.Decision) time.Duration {
-	if dec.RetryAfter > 0 {
-		return dec.RetryAfter
-	}
-	var d time.Duration
-	for _, st := range dec.Statuses {
-		if !st.Shadow && st.Remaining == 0 && st.Window > 0 {
-			// A token comes back after window ÷ amount.
-			d = max(d, st.Window/time.Duration(max(st.Limit, 1)))
-		}
-	}
-	return d
 }
