@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -53,9 +55,16 @@ type Config struct {
 	// GatewayID names this process to the enforcers, which count gateways
 	// by it; empty means a random id.
 	GatewayID string
-	// DialOptions are added to the connections' options; without any
-	// transport credentials the connections are insecure (loopback, or a
-	// mesh that encrypts).
+	// TLS, when set, makes the connections TLS with it: RootCAs verify
+	// the enforcers, and a client certificate (Certificates, or
+	// GetClientCertificate to pick up a rotated one) names this gateway.
+	// TLSFromEnv builds one from ALLOT_TLS_* files. nil: plain text,
+	// unless DialOptions hold transport credentials.
+	TLS *tls.Config
+	// DialOptions are added to the connections' options, after TLS's
+	// credentials (so transport credentials here take precedence);
+	// without any, and without TLS, the connections are insecure
+	// (loopback, or a mesh that encrypts).
 	DialOptions []grpc.DialOption
 	// UnknownOnFailure decides a request when no enforcer has ever
 	// answered for its shape, so its limits' own policies are not known:
@@ -127,8 +136,12 @@ func New(cfg Config) (*Client, error) {
 	}
 	// An enforcer back from a restart is redialled within a second, not
 	// gRPC's default of up to two minutes.
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS)
+	}
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,

@@ -102,8 +102,9 @@
 // unused allowance from peers when exhausted, and lend theirs; the lender
 // deducts before it grants, so a loan moves allowance and never creates
 // it. A region of several instances sums their counts in a CountStore
-// (docs/adr/0002-shared-mode-slots-across-instances.md). The driver,
-// regional/peersync, ticks a few times per sync interval:
+// (docs/adr/0002-shared-mode-slots-across-instances.md; regional/node
+// merges them). The driver, regional/peersync through regional/node,
+// ticks a few times per sync interval:
 //
 //	batches := e.SyncOut(now)                 // to every peer, in order
 //	resync, err := e.Inbound(now, src, batch) // from a peer; on resync, ask for its FullState

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
@@ -22,7 +20,6 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
-	"github.com/allot-dev/allot/regional/server"
 )
 
 // coordinatorFlags are the flags of `allot coordinator`.
@@ -36,6 +33,7 @@ type coordinatorFlags struct {
 	period    time.Duration
 	grantTTL  time.Duration
 	logLevel  string
+	tls       tlsFlags
 }
 
 func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -52,6 +50,8 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often shares are recomputed")
 	fs.DurationVar(&f.grantTTL, "grant-ttl", coordinator.DefaultGrantTTL, "how long an instance's grant lasts unrenewed: an instance cut off from every coordinator this long holds nothing, and what a vanished instance held is reclaimed after it (plus 500ms of tolerated clock skew); a new leader raises nothing for as long")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.tls.register(fs)
+	f.tls.registerEtcd(fs)
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
@@ -62,7 +62,20 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(f.etcd, ","), DialTimeout: 5 * time.Second})
+	sec, err := f.tls.load(log)
+	if err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	etcdTLS, err := f.tls.etcdTLS(log)
+	if err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
+	if etcdTLS == nil {
+		if err := sec.dial("--etcd", splitList(f.etcd)...); err != nil {
+			return fmt.Errorf("coordinator: %w", err)
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(f.etcd, ","), DialTimeout: 5 * time.Second, TLS: etcdTLS})
 	if err != nil {
 		return fmt.Errorf("coordinator: etcd: %w", err)
 	}
@@ -72,11 +85,11 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	gl, err := net.Listen("tcp", f.grpcAddr)
+	gl, err := sec.listen("grpc", f.grpcAddr)
 	if err != nil {
 		return fmt.Errorf("coordinator: grpc listen: %w", err)
 	}
-	hl, err := net.Listen("tcp", f.httpAddr)
+	hl, err := sec.listen("http", f.httpAddr)
 	if err != nil {
 		gl.Close()
 		return fmt.Errorf("coordinator: http listen: %w", err)
@@ -98,9 +111,14 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer(server.Recovery(log)...)
+	gs, err := sec.grpcServer(log, true)
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return fmt.Errorf("coordinator: %w", err)
+	}
 	srv.Register(gs)
-	adm := admin.New(admin.Options{Store: store, Logger: log})
+	adm := admin.New(admin.Options{Store: store, Logger: log, Credentials: sec.creds()})
 	defer adm.Close()
 	adm.Register(gs)
 	mux := http.NewServeMux()
@@ -108,8 +126,9 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go gs.Serve(gl)
-	go hs.Serve(hl)
-	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s; allot.v1.Coordinator and allot.v1.Admin for allotctl), HTTP http://%s, etcd %s\n", gl.Addr(), f.advertise, hl.Addr(), f.etcd)
+	go sec.serveHTTP(hs, hl)
+	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s; allot.v1.Coordinator and allot.v1.Admin for allotctl), HTTP %s://%s, etcd %s; %s\n",
+		gl.Addr(), f.advertise, sec.scheme(), hl.Addr(), f.etcd, sec.banner())
 	if f.config == "" {
 		// The fleet's config lives in etcd: follow it. A bad one is refused
 		// and the one in force stays.

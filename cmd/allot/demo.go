@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/demo"
+	"github.com/allot-dev/allot/internal/tlsx"
 )
 
 // runDemo starts the embedded default (as allot dev does) with its
@@ -40,6 +41,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	names := splitList(f.regions)
 	// The dashboard's port first: a taken one fails before etcd starts.
+	if !f.tls.Enabled() {
+		if err := (security{insecure: f.tls.Insecure}).plain("dashboard http", *dashAddr, tlsx.ListenRule); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+	}
 	dl, err := net.Listen("tcp", *dashAddr)
 	if err != nil {
 		return fmt.Errorf("demo: dashboard listen: %w", err)
@@ -82,9 +88,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	story := demo.DefaultStory(names).Scaled(*speed)
 	series := demo.NewSeries(names, story, *interval, 0)
 	hs := &http.Server{Handler: demo.Dashboard(series), ReadHeaderTimeout: 5 * time.Second}
-	go hs.Serve(dl)
+	go c.sec.serveHTTP(hs, dl)
 	defer hs.Close()
-	url := "http://" + dl.Addr().String() + "/"
+	url := c.sec.scheme() + "://" + dl.Addr().String() + "/"
 	printCluster(stdout, "allot demo", c)
 	fmt.Fprintf(stdout, "  dashboard        %s\n", url)
 	again := "; it starts over at the end"
@@ -103,7 +109,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	go func() {
 		played <- demo.Run(dctx, demo.Options{Story: story, Regions: regions, Links: links, Series: series,
 			Out: stdout, ANSI: isTerminal(stdout), Header: "dashboard " + url, Interval: *interval, Once: *once,
-			Seed: uint64(time.Now().UnixNano()), Logger: c.log})
+			Seed: uint64(time.Now().UnixNano()), Logger: c.log, Credentials: c.sec.creds()})
 		stopServe()
 	}()
 	err = c.serve(sctx, f.config)

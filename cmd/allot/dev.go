@@ -7,12 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"time"
-
-	"google.golang.org/grpc"
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
@@ -20,7 +17,6 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
-	"github.com/allot-dev/allot/regional/server"
 )
 
 // devFlags are allot dev's flags; allot demo has them too.
@@ -92,6 +88,7 @@ type devCluster struct {
 	version        int64    // the configuration version in force in etcd at start
 	dataDir        string   // etcd's data folder; "" when temporary (ephemeral)
 	kept           bool     // the configuration in etcd was kept (an earlier run's)
+	sec            security // TLS of every listener and link, or plain text
 	cleanup        []func() // run in reverse order by close
 }
 
@@ -110,7 +107,11 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	if err != nil {
 		return nil, err
 	}
-	c := &devCluster{log: log, dataDir: f.dataDir}
+	sec, err := f.tls.load(log)
+	if err != nil {
+		return nil, fmt.Errorf("dev: %w", err)
+	}
+	c := &devCluster{log: log, dataDir: f.dataDir, sec: sec}
 	defer func() {
 		if err != nil {
 			c.close()
@@ -137,7 +138,7 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	}
 	c.cleanup = append(c.cleanup, etcd.Close)
 	c.etcd = etcd.Clients[0].Addr().String()
-	cli, err := etcdClient(c.etcd)
+	cli, err := etcdClient(c.etcd, nil) // the embedded etcd: plain text on loopback
 	if err != nil {
 		return nil, err
 	}
@@ -161,13 +162,17 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 
 	// The coordinator's gRPC server: the Admin API (allotctl), and
 	// allot.v1.Coordinator when some domain spans the dev regions.
-	gl, err := net.Listen("tcp", f.coordAddr)
+	gl, err := sec.listen("coordinator grpc", f.coordAddr)
 	if err != nil {
 		return nil, fmt.Errorf("dev: coordinator listen: %w", err)
 	}
 	c.adminAddr = gl.Addr().String()
-	gs := grpc.NewServer(server.Recovery(log)...)
-	adm := admin.New(admin.Options{Store: c.store, Logger: log})
+	gs, err := sec.grpcServer(log, true)
+	if err != nil {
+		gl.Close()
+		return nil, fmt.Errorf("dev: %w", err)
+	}
+	adm := admin.New(admin.Options{Store: c.store, Logger: log, Credentials: sec.creds()})
 	c.cleanup = append(c.cleanup, adm.Close)
 	adm.Register(gs)
 	if len(c.coordinated) > 0 {
@@ -199,7 +204,7 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 		if err != nil {
 			return nil, fmt.Errorf("dev: --http-addr: %w", err)
 		}
-		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log}
+		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log, sec: linkSecurity{security: sec}}
 		// Shared-mode counters and loans between the regions (peers.go).
 		spec.peers = devPeers(names, f.grpcAddr, i)
 		spec.store, spec.follow = c.store, true // regions follow the configuration in etcd and register
@@ -337,15 +342,19 @@ func printDev(w io.Writer, c *devCluster) {
 	printCluster(w, "allot dev", c)
 	if c.kept && c.cfg.Source != examples.LimitsName {
 		fmt.Fprintf(w, "\nThe configuration kept in %s is in force (allotctl limits history); --config FILE would store FILE instead.\n", c.dataDir)
-		fmt.Fprintf(w, "Metrics: http://%s/metrics   Stop with Ctrl-C.\n", c.nodes[0].httpAddr)
+		fmt.Fprintf(w, "Metrics: %s://%s/metrics   Stop with Ctrl-C.\n", c.sec.scheme(), c.nodes[0].httpAddr)
 		return
 	}
 	first := c.nodes[0]
 	fmt.Fprintf(w, "\nTry it: user 42 may send 30/s with a burst of 15 over all regions; %s starts with 35%% of it,\n", first.name)
 	fmt.Fprintf(w, "so the 6th request in a row gets a 429:\n")
-	fmt.Fprintf(w, "  for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%%{http_code}\\n' -X POST http://%s/v1/check \\\n", first.httpAddr)
+	curl := "curl -s"
+	if c.sec.src != nil {
+		curl += " --cacert " + c.sec.src.Files().CA
+	}
+	fmt.Fprintf(w, "  for i in 1 2 3 4 5 6; do %s -o /dev/null -w '%%{http_code}\\n' -X POST %s://%s/v1/check \\\n", curl, c.sec.scheme(), first.httpAddr)
 	fmt.Fprintf(w, "    -H 'Content-Type: application/json' -d '{\"domain\":\"api\",\"descriptors\":[{\"user\":\"42\"}]}'; done\n")
-	fmt.Fprintf(w, "Metrics: http://%s/metrics   Stop with Ctrl-C.\n", first.httpAddr)
+	fmt.Fprintf(w, "Metrics: %s://%s/metrics   Stop with Ctrl-C.\n", c.sec.scheme(), first.httpAddr)
 }
 
 // printCluster prints what c serves where, under the command's name.
@@ -361,13 +370,18 @@ func printCluster(w io.Writer, name string, c *devCluster) {
 		fmt.Fprintf(w, "  state kept in %s (--data-dir): configuration versions, overrides, plans and shares survive a restart\n", c.dataDir)
 	}
 	for _, n := range c.nodes {
-		fmt.Fprintf(w, "  region %-9s gRPC %-16s HTTP http://%s\n", n.name, n.grpcAddr, n.httpAddr)
+		fmt.Fprintf(w, "  region %-9s gRPC %-16s HTTP %s://%s\n", n.name, n.grpcAddr, c.sec.scheme(), n.httpAddr)
 	}
 	if c.coordAdvertise != "" {
 		fmt.Fprintf(w, "  coordinator      gRPC %-16s domains %v, shares rebalanced from demand\n", c.coordAdvertise, c.coordinated)
 	}
 	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (--addr %s)\n", c.adminAddr, c.adminAddr)
 	fmt.Fprintf(w, "  etcd (embedded)  %s\n", c.etcd)
+	if c.sec.src != nil {
+		fmt.Fprintf(w, "  transport        TLS from %s; Peer, Coordinator and Admin require client certificates\n", c.sec.src.Files().Cert)
+	} else {
+		fmt.Fprintf(w, "  transport        plain text, on loopback only: --tls-cert, --tls-key and --tls-ca serve TLS\n")
+	}
 }
 
 // waitGranted waits until every coordinated node holds a grant (an

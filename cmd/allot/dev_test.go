@@ -79,7 +79,7 @@ func (d *devRun) banner(t *testing.T, label string) string {
 // devStore connects to the embedded etcd of d.
 func devStore(t *testing.T, d *devRun) *etcdstore.Store {
 	t.Helper()
-	cli, err := etcdClient(d.banner(t, "etcd (embedded)"))
+	cli, err := etcdClient(d.banner(t, "etcd (embedded)"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/allot-dev/allot/coordinator/etcdstore"
+	"github.com/allot-dev/allot/internal/tlsx"
 )
 
 // runEtcd serves allot's embedded etcd as a process of its own: the etcd
@@ -18,16 +19,32 @@ func runEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		dataDir = fs.String("data-dir", "allot-etcd", "data folder; a folder with data from an earlier run is restarted with it")
 		client  = fs.String("client-addr", "127.0.0.1:2379", "client address (loopback)")
 		peer    = fs.String("peer-addr", "127.0.0.1:2380", "peer address (loopback)")
+		tlsf    tlsx.Flags
 	)
+	tlsf.Register(fs, "", "etcd's client listener (client certificates are then required; etcd reads the files at every handshake)", false)
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
-	e, err := etcdstore.StartEmbedded(*dataDir, "http://"+*client, "http://"+*peer)
+	// Only to check the files and the flags: etcd loads them itself.
+	src, err := tlsf.ServerSource(nil)
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	sec := security{src: src, insecure: tlsf.Insecure}
+	if err := sec.plain("client", *client, tlsx.ListenRule); err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	files := etcdstore.EmbeddedTLS{CertFile: tlsf.Cert, KeyFile: tlsf.Key, CAFile: tlsf.CA}
+	e, err := etcdstore.StartEmbeddedTLS(*dataDir, sec.scheme()+"://"+*client, "http://"+*peer, files)
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
 	defer e.Close()
-	fmt.Fprintf(stdout, "allot: etcd serving clients on http://%s (peers %s), data in %s\n", e.Clients[0].Addr(), *peer, *dataDir)
+	banner := sec.banner()
+	if src != nil {
+		banner = "TLS, client certificates required"
+	}
+	fmt.Fprintf(stdout, "allot: etcd serving clients on %s://%s (peers %s), data in %s; %s\n", sec.scheme(), e.Clients[0].Addr(), *peer, *dataDir, banner)
 	select {
 	case <-ctx.Done():
 		return nil

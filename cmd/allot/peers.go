@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/node"
 	"github.com/allot-dev/allot/regional/peersync"
 	"github.com/allot-dev/allot/regional/redisstore"
 )
@@ -33,36 +34,40 @@ func parsePeers(s, region string) (map[string]string, error) {
 	return peers, nil
 }
 
+// peerCounts is the CountStore a region's instances share their counts
+// in, with peers and --redis (a connection of its own, without metrics:
+// the enforcer's store exports them), and its close; nil otherwise.
+func peerCounts(spec regionSpec, log *slog.Logger) (regional.CountStore, func(), error) {
+	if len(spec.peers) == 0 || len(spec.redis) == 0 {
+		return nil, func() {}, nil
+	}
+	rs, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
+		TLS: spec.sec.redis, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
+		Prefix: redisstore.DefaultPrefix + spec.name + ":counts:", Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rs, func() { rs.Close() }, nil
+}
+
 // startPeers links a region to its peers (spec.peers): it serves
 // allot.v1.Peer on the node's gRPC server and syncs shared-mode counters
-// and loans until the node stops. With --redis, the region's instances
-// share their counts in it (a connection of its own, without metrics:
-// the enforcer's store exports them).
+// and loans until the node stops.
 // log does not name the region: the peer syncer adds it.
-func startPeers(spec regionSpec, engine *regional.Engine, n *regionNode, reg prometheus.Registerer, log *slog.Logger) error {
+func startPeers(spec regionSpec, inode *node.Node, n *regionNode, reg prometheus.Registerer, log *slog.Logger) error {
 	if len(spec.peers) == 0 {
 		return nil
 	}
-	opts := peersync.Options{Region: spec.name, Engine: engine, Peers: spec.peers, Registry: reg, Logger: log}
-	closeCounts := func() {}
-	if len(spec.redis) > 0 {
-		rs, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
-			Prefix: redisstore.DefaultPrefix + spec.name + ":counts:", Logger: log.With("region", spec.name)})
-		if err != nil {
-			return err
-		}
-		opts.Counts, closeCounts = rs, func() { rs.Close() }
-	}
+	opts := peersync.Options{Node: inode, Peers: spec.peers, Registry: reg, Logger: log, Credentials: spec.sec.creds()}
 	s, err := peersync.New(opts)
 	if err != nil {
-		closeCounts()
 		return err
 	}
 	s.Register(n.gs)
 	n.stopPeers = s.Shutdown
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { s.Run(ctx); s.Close(); closeCounts(); close(done) }()
+	go func() { s.Run(ctx); s.Close(); close(done) }()
 	stopRS := n.stopRS
 	n.stopRS = func() { cancel(); <-done; stopRS() }
 	log.Info("linked to peer regions", "region", spec.name, "peers", fmt.Sprint(spec.peers))

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,6 +32,7 @@ import (
 	"github.com/allot-dev/allot/regional"
 	"github.com/allot-dev/allot/regional/configwatch"
 	"github.com/allot-dev/allot/regional/coordclient"
+	"github.com/allot-dev/allot/regional/node"
 	"github.com/allot-dev/allot/regional/redisstore"
 	"github.com/allot-dev/allot/regional/server"
 )
@@ -53,6 +55,7 @@ type regionFlags struct {
 	redisCluster bool
 	storeTimeout time.Duration
 	leaseTTL     time.Duration
+	tls          tlsFlags
 }
 
 func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
@@ -62,6 +65,7 @@ func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
 	fs.IntVar(&f.maxKeys, "max-keys", regional.DefaultMaxKeys, "bound of the key table")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&f.reportEvery, "report-interval", time.Second, "how often demand is reported to the coordinator")
+	f.tls.register(fs)
 }
 
 func (f *regionFlags) logger(stderr io.Writer) (*slog.Logger, error) {
@@ -87,6 +91,8 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.advertise, "advertise", "", "gRPC address other processes reach this enforcer at, registered in etcd for allotctl and peers (default: the gRPC listen address; set it when listening on 0.0.0.0 or behind NAT)")
 	fs.StringVar(&f.advertiseWeb, "advertise-http", "", "HTTP address registered in etcd (default: the HTTP listen address)")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", server.DefaultLeaseTTL, "how long a gateway (the Go SDK) may spend a Lease grant before its unused tokens come back; it also bounds how long a silent gateway is counted")
+	f.tls.registerEtcd(fs)
+	f.tls.registerRedis(fs)
 	peerList := fs.String("peers", "", "the other regions and their enforcers' gRPC address, NAME=ADDR,...: shared-mode counters and loans (allot.v1.Peer)")
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
@@ -105,9 +111,13 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	sec, err := f.regionLinks(log, peers)
+	if err != nil {
+		return err
+	}
 	var store *etcdstore.Store
 	if f.etcd != "" {
-		cli, err := etcdClient(f.etcd)
+		cli, err := etcdClient(f.etcd, sec.etcd)
 		if err != nil {
 			return err
 		}
@@ -128,7 +138,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, advertise: f.advertise, advertiseHTTP: f.advertiseWeb, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), instance: f.instance, store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
-		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers,
+		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers, sec: sec,
 	})
 	if err != nil {
 		return err
@@ -173,6 +183,7 @@ type regionSpec struct {
 	storeTimeout             time.Duration
 	leaseTTL                 time.Duration
 	peers                    map[string]string // other regions → gRPC address (peers.go)
+	sec                      linkSecurity      // TLS of the listeners and links (tls.go)
 }
 
 // regionNode is one region's running enforcer.
@@ -192,6 +203,7 @@ type regionNode struct {
 	hs        *http.Server
 	grpcAddr  string
 	httpAddr  string
+	sec       security // what its listeners speak
 	errc      chan error
 	stopLink  context.CancelFunc
 	linkDone  chan struct{}
@@ -220,6 +232,18 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			stopRS()
 		}
 	}()
+	// The instance's core, shared by its coordinator link and its peer
+	// syncer; with peers and --redis, the region's instances share their
+	// counts in the regional store.
+	counts, closeCounts, err := peerCounts(spec, log)
+	if err != nil {
+		return nil, err
+	}
+	stopRS = func(stop func()) func() { return func() { stop(); closeCounts() } }(stopRS)
+	inode, err := node.New(node.Options{Region: spec.name, Instance: cmp.Or(spec.instance, coordclient.NewInstanceID()), Engine: engine, Counts: counts})
+	if err != nil {
+		return nil, err
+	}
 	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
@@ -237,7 +261,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	var applied func(string) (int64, uint64)
 	var ready func() error
 	if len(spec.coordinators) > 0 {
-		opts := coordclient.Options{Region: spec.name, Instance: spec.instance, Engine: engine, Addrs: spec.coordinators, ReportEvery: spec.reportEvery, Logger: log, Registry: reg}
+		opts := coordclient.Options{Node: inode, Addrs: spec.coordinators, ReportEvery: spec.reportEvery, Logger: log, Registry: reg, Credentials: spec.sec.creds()}
 		client, err := coordclient.New(opts)
 		if err != nil {
 			return nil, err
@@ -265,18 +289,18 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 
 	n.setConfig = func(cfg *allot.Config) { apply(cfg) }
 	n.ready = ready
-	gl, err := net.Listen("tcp", spec.grpcAddr)
+	gl, err := spec.sec.listen("grpc", spec.grpcAddr)
 	if err != nil {
 		n.stopLink()
 		return nil, fmt.Errorf("region %s: grpc listen: %w", spec.name, err)
 	}
-	hl, err := net.Listen("tcp", spec.httpAddr)
+	hl, err := spec.sec.listen("http", spec.httpAddr)
 	if err != nil {
 		gl.Close()
 		n.stopLink()
 		return nil, fmt.Errorf("region %s: http listen: %w", spec.name, err)
 	}
-	n.grpcAddr, n.httpAddr = gl.Addr().String(), hl.Addr().String()
+	n.grpcAddr, n.httpAddr, n.sec = gl.Addr().String(), hl.Addr().String(), spec.sec.security
 	aopts := server.AdminOptions{Addr: cmp.Or(spec.advertise, n.grpcAddr), Applied: applied}
 	if spec.store != nil {
 		aopts.Shares = spec.store.DefaultShares
@@ -284,10 +308,15 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	if follower != nil {
 		aopts.ConfigVersion = func() (int64, error) { st := follower.State(); return st.Version, st.Refused }
 	}
-	n.gs = grpc.NewServer(server.Recovery(log)...)
+	if n.gs, err = spec.sec.grpcServer(log, false); err != nil {
+		gl.Close()
+		hl.Close()
+		n.stopLink()
+		return nil, err
+	}
 	svc.RegisterGRPC(n.gs)
 	svc.RegisterAdmin(n.gs, aopts)
-	if err := startPeers(spec, engine, n, reg, spec.log); err != nil {
+	if err := startPeers(spec, inode, n, reg, spec.log); err != nil {
 		gl.Close()
 		hl.Close()
 		n.stopLink()
@@ -295,7 +324,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	}
 	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Ready: ready, Status: svc.StatusHandler(aopts)}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { n.errc <- n.gs.Serve(gl) }()
-	go func() { n.errc <- n.hs.Serve(hl) }()
+	go func() { n.errc <- spec.sec.serveHTTP(n.hs, hl) }()
 	if follower != nil {
 		fctx, stop := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -356,6 +385,7 @@ func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.E
 	}
 	redis.SetLogger(redisLog{log}) // go-redis logs each failed dial: debug, not stderr
 	store, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
+		TLS: spec.sec.redis, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
 		Prefix: redisstore.DefaultPrefix + spec.name + ":", Registry: reg, Logger: log})
 	if err != nil {
 		return nil, nil, err
@@ -447,11 +477,14 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 func printRegion(w io.Writer, n *regionNode, cfg *allot.Config) {
 	fmt.Fprintf(w, "allot: region %s serving %d domain(s) from %s\n", n.name, len(cfg.Domains), cfg.Source)
 	fmt.Fprintf(w, "  gRPC  %s  (allot.v1.RateLimiter, envoy.service.ratelimit.v3.RateLimitService)\n", n.grpcAddr)
-	fmt.Fprintf(w, "  HTTP  http://%s  (POST /v1/check, /healthz, /readyz, /metrics)\n", n.httpAddr)
+	fmt.Fprintf(w, "  HTTP  %s://%s  (POST /v1/check, /healthz, /readyz, /metrics)\n", n.sec.scheme(), n.httpAddr)
+	fmt.Fprintf(w, "  transport: %s\n", n.sec.banner())
 }
 
-func etcdClient(endpoints string) (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: splitList(endpoints), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+// etcdClient connects to etcd at endpoints, with TLS when tlsCfg is set
+// (its client certificate read at every handshake).
+func etcdClient(endpoints string, tlsCfg *tls.Config) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: splitList(endpoints), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: tlsCfg})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
 	}

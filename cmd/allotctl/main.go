@@ -21,10 +21,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	cmdline "github.com/allot-dev/allot/internal/cli"
+	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -65,6 +65,12 @@ Global flags, before or after the command (allotctl --addr X status = allotctl s
   -o table|json       output
   --timeout DURATION  deadline of the call (default 10s)
   --author NAME       who makes the change, for the history (default: user@host)
+  --tls-ca FILE       TLS: the CA bundle that verifies the server (default $ALLOT_TLS_CA)
+  --tls-cert FILE, --tls-key FILE
+                      TLS: the operator's client certificate, which the Admin API requires
+                      (default $ALLOT_TLS_CERT, $ALLOT_TLS_KEY)
+  --tls-server-name NAME  the name the server's certificate holds, when not --addr's host
+  --insecure          plain text, to a loopback address only (default $ALLOT_INSECURE)
 A command's own flags and its arguments come in any order. Run "allotctl COMMAND --help"
 (or "allotctl help COMMAND") for a command's flags.
 `
@@ -75,6 +81,7 @@ type cli struct {
 	output  string
 	timeout time.Duration
 	author  string
+	tls     tlsx.Flags
 	// global are the global flags given in front of the command's name,
 	// name → value: every flag set of the command starts from them.
 	global map[string]string
@@ -180,6 +187,7 @@ func (c *cli) flags(name, synopsis string) *flag.FlagSet {
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline of the call")
 	fs.StringVar(&c.author, "author", defaultAuthor(), "who makes the change, for the history")
+	c.tls.Register(fs, "", "allotctl", true)
 	for flagName, v := range c.global {
 		if err := fs.Set(flagName, v); err != nil {
 			panic(err) // v was parsed by a flag of the same name
@@ -189,7 +197,7 @@ func (c *cli) flags(name, synopsis string) *flag.FlagSet {
 		fmt.Fprintln(fs.Output(), strings.TrimSpace("usage: allotctl "+name+" "+synopsis))
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
-		fmt.Fprintln(fs.Output(), "\n-addr, -o, -timeout and -author are global: they may come before the command too.")
+		fmt.Fprintln(fs.Output(), "\n-addr, -o, -timeout, -author, -tls-* and -insecure are global: they may come before the command too.")
 	}
 	return fs
 }
@@ -227,7 +235,16 @@ func defaultAuthor() string {
 // and turns its error into a readable one.
 func (c *cli) call(ctx context.Context, fn func(ctx context.Context, a allotv1.AdminClient) error) error {
 	if c.client == nil {
-		conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		src, err := c.tls.Source(nil)
+		if err != nil {
+			return err
+		}
+		if src == nil {
+			if err := tlsx.Plain(tlsx.DialRule, "--addr", c.addr, c.tls.Insecure); err != nil {
+				return err
+			}
+		}
+		conn, err := grpc.NewClient(c.addr, src.DialOption(c.tls.ServerName))
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.addr, err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -47,6 +48,10 @@ type Options struct {
 	Store *etcdstore.Store
 	// RegionTimeout bounds each region's answer in Usage and Status.
 	RegionTimeout time.Duration
+	// Credentials secure the connections to the regions' Admin API (TLS
+	// with the coordinator's client certificate: a region's Admin requires
+	// one when it runs TLS); nil means plain text.
+	Credentials credentials.TransportCredentials
 	// Logger receives every change made, at info level; nil discards.
 	Logger *slog.Logger
 	// Now reads the clock; nil means time.Now.

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -35,7 +36,7 @@ func (s *Server) regions(ctx context.Context) ([]etcdstore.Region, []allotv1.Adm
 		live[r.Addr] = true
 		cc := s.conns[r.Addr]
 		if cc == nil {
-			if cc, err = grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			if cc, err = grpc.NewClient(r.Addr, grpc.WithTransportCredentials(s.regionCredentials())); err != nil {
 				return nil, nil, fmt.Errorf("region %s at %s: %w", r.Region, r.Addr, err)
 			}
 			s.conns[r.Addr] = cc
@@ -49,6 +50,14 @@ func (s *Server) regions(ctx context.Context) ([]etcdstore.Region, []allotv1.Adm
 		}
 	}
 	return rs, clients, nil
+}
+
+// regionCredentials are those of the connections to the regions.
+func (s *Server) regionCredentials() credentials.TransportCredentials {
+	if s.opts.Credentials != nil {
+		return s.opts.Credentials
+	}
+	return insecure.NewCredentials()
 }
 
 // fanOut calls ask on every registered region at once, each bounded by

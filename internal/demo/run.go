@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -63,6 +64,10 @@ type Options struct {
 	// Seed seeds the random choices (LLM output lengths).
 	Seed   uint64
 	Logger *slog.Logger
+	// Credentials secure the connections to the regions (TLS with a
+	// client certificate: the regions' Admin API requires one when they
+	// run TLS); nil means plain text.
+	Credentials credentials.TransportCredentials
 }
 
 // state is where the story is, shared by the traffic and the sampler.
@@ -114,7 +119,11 @@ func Run(ctx context.Context, opts Options) error {
 	limiters := map[string]allotv1.RateLimiterClient{}
 	admins := map[string]allotv1.AdminClient{}
 	for _, r := range opts.Regions {
-		cc, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds := opts.Credentials
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		cc, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return fmt.Errorf("demo: region %s at %s: %w", r.Name, r.Addr, err)
 		}

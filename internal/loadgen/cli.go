@@ -13,7 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/allot-dev/allot/internal/tlsx"
 )
 
 // System makes the Target of one kind of server from a connection to it
@@ -37,7 +38,9 @@ func Main(ctx context.Context, prog string, systems map[string]System, args []st
 		system = fs.String("system", "allot", "kind of server: "+strings.Join(slices.Sorted(maps.Keys(systems)), ", "))
 		domain = fs.String("domain", "api", "domain of the checks (gubernator: the limit's name)")
 		conns  = fs.Int("conns", 1, "gRPC connections, shared by the workers")
+		tlsf   tlsx.Flags
 	)
+	tlsf.Register(fs, "", "the load generator", true)
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to send")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "workers: calls in flight at most")
 	fs.IntVar(&cfg.Keys, "keys", 10000, "distinct keys: descriptors user=0 … user=K-1")
@@ -67,9 +70,18 @@ func Main(ctx context.Context, prog string, systems map[string]System, args []st
 		return fmt.Errorf("bench: %w", err)
 	}
 
+	src, err := tlsf.Source(nil)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if src == nil {
+		if err := tlsx.Plain(tlsx.DialRule, "--target", *target, tlsf.Insecure); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+	}
 	var targets roundRobin
 	for range *conns {
-		conn, err := dial(ctx, *target)
+		conn, err := dial(ctx, *target, src.DialOption(tlsf.ServerName))
 		if err != nil {
 			return err
 		}
@@ -85,10 +97,11 @@ func Main(ctx context.Context, prog string, systems map[string]System, args []st
 	return ctx.Err()
 }
 
-// dial connects to addr and waits until the connection is up, so that an
-// absent server is one clear error rather than a run of failed calls.
-func dial(ctx context.Context, addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// dial connects to addr with creds (TLS or plain text) and waits until
+// the connection is up, so that an absent server is one clear error
+// rather than a run of failed calls.
+func dial(ctx context.Context, addr string, creds grpc.DialOption) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr, creds)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}

@@ -8,6 +8,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -34,17 +35,61 @@ type Server struct {
 	dir  string
 	args []string
 	cmd  *exec.Cmd
+	ping redis.Options // how Restart reaches it
+}
+
+// Secure is how StartSecure's server is reached: TLS (the server's
+// certificate files, and the client configuration of the readiness
+// check) and an ACL user.
+type Secure struct {
+	// CertFile, KeyFile and CAFile make the server serve TLS only (no
+	// plain-text port), requiring client certificates signed by CAFile.
+	// Empty: plain text.
+	CertFile, KeyFile, CAFile string
+	// Client is the TLS configuration of the readiness check.
+	Client *tls.Config
+	// Username and Password, when set, are the only user (the default
+	// user is off), with every permission.
+	Username, Password string
+}
+
+// StartSecure starts a redis-server as Start does, with TLS and an ACL
+// user as sec says. Debian's redis-server is built with TLS.
+func StartSecure(t testing.TB, sec Secure, extra ...string) *Server {
+	t.Helper()
+	var args []string
+	if sec.CertFile != "" {
+		args = append(args, "--tls-port", "PORT", "--port", "0", "--tls-cert-file", sec.CertFile, "--tls-key-file", sec.KeyFile,
+			"--tls-ca-cert-file", sec.CAFile, "--tls-auth-clients", "yes")
+	}
+	if sec.Username != "" {
+		args = append(args, "--user", sec.Username, "on", ">"+sec.Password, "~*", "&*", "+@all", "--user", "default", "off")
+	}
+	return start(t, redis.Options{TLSConfig: sec.Client, Username: sec.Username, Password: sec.Password}, append(args, extra...)...)
 }
 
 // Start starts a redis-server on a free loopback port, with extra
 // arguments, and stops it when the test ends.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	return start(t, redis.Options{}, extra...)
+}
+
+// start starts a server reached as ping says; "PORT" in extra is its port.
+func start(t testing.TB, ping redis.Options, extra ...string) *Server {
+	t.Helper()
 	testdep.LookPath(t, "redis-server", "apt-get install redis-server; .ci/run installs it")
-	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(freePort(t))}
+	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), ping: ping}
 	_, port, _ := net.SplitHostPort(s.Addr)
-	s.args = append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--logfile", "redis.log", "--protected-mode", "no"}, extra...)
+	s.args = []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--logfile", "redis.log", "--protected-mode", "no"}
+	for _, a := range extra {
+		if a == "PORT" {
+			a = port
+		}
+		s.args = append(s.args, a)
+	}
+	s.ping.Addr, s.ping.MaxRetries = s.Addr, -1
 	s.Restart()
 	t.Cleanup(s.Kill)
 	return s
@@ -69,7 +114,8 @@ func (s *Server) Restart() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	ping := s.ping
+	c := redis.NewClient(&ping)
 	defer c.Close()
 	waitFor(s.t, "redis-server at "+s.Addr, func(ctx context.Context) error { return c.Ping(ctx).Err() }, s.log)
 }

@@ -31,13 +31,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/coordinator/wire"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/node"
 )
 
 // Options configure a Client.
@@ -48,11 +49,19 @@ type Options struct {
 	// a random suffix, new at every start.
 	Instance string
 	Engine   *regional.Engine
+	// Node is the instance's core (its engine, region and instance name
+	// it); nil: one made from Engine, Region and Instance. The peer syncer
+	// of the same process shares it.
+	Node *node.Node
 	// Addrs are the coordinators' gRPC addresses; the client tries them in
 	// turn until one leads the domain.
 	Addrs []string
 	// ReportEvery is the report interval (default 1s).
 	ReportEvery time.Duration
+	// Credentials secure the connections to the coordinators (TLS with
+	// this instance's client certificate: the Coordinator service
+	// requires one when it runs TLS); nil means plain text.
+	Credentials credentials.TransportCredentials
 	Logger      *slog.Logger
 	Registry    prometheus.Registerer
 	Now         func() time.Time
@@ -65,15 +74,15 @@ type Client struct {
 	metrics *metrics
 	conns   []*grpc.ClientConn
 
+	node *node.Node
+
 	mu      sync.Mutex
 	domains map[string]*link
 }
 
-// link is one domain's state.
+// link is one domain's stream state.
 type link struct {
 	domain  string
-	mu      sync.Mutex
-	inst    *coordinator.Instance // guarded by mu
 	reports chan coordinator.Report
 	renewed chan struct{}        // a grant with a new expiry was applied
 	leave   chan coordinator.Ack // Leave's ack, for the stream to send
@@ -82,6 +91,9 @@ type link struct {
 
 // New returns a Client; Run starts it.
 func New(opts Options) (*Client, error) {
+	if opts.Node != nil {
+		opts.Engine, opts.Region, opts.Instance = opts.Node.Engine(), opts.Node.Region(), opts.Node.Instance()
+	}
 	if opts.Engine == nil || opts.Region == "" || len(opts.Addrs) == 0 {
 		return nil, errors.New("coordclient: Engine, Region and Addrs are required")
 	}
@@ -97,11 +109,22 @@ func New(opts Options) (*Client, error) {
 	if opts.Instance == "" {
 		opts.Instance = NewInstanceID()
 	}
-	c := &Client{opts: opts, log: opts.Logger.With("instance", opts.Instance), metrics: newMetrics(opts.Registry), domains: map[string]*link{}}
+	n := opts.Node
+	if n == nil {
+		var err error
+		if n, err = node.New(node.Options{Region: opts.Region, Instance: opts.Instance, Engine: opts.Engine}); err != nil {
+			return nil, err
+		}
+	}
+	c := &Client{opts: opts, node: n, log: opts.Logger.With("instance", opts.Instance), metrics: newMetrics(opts.Registry), domains: map[string]*link{}}
 	for _, a := range opts.Addrs {
 		// A coordinator back from a partition or a restart is redialled
 		// within a second, not gRPC's default of up to two minutes.
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		creds := opts.Credentials
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds),
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 				MinConnectTimeout: time.Second,
@@ -134,32 +157,19 @@ func NewInstanceID() string {
 // Instance returns the id this instance has at the coordinator.
 func (c *Client) Instance() string { return c.opts.Instance }
 
-// Start sets, for every domain of the engine's configuration that lists
-// this region, every share of the engine to nothing: the instance holds
-// nothing until the coordinator grants it a part. Call it before the
+// Start makes every domain of the engine's configuration that lists this
+// region coordinated: the instance holds nothing of it until the
+// coordinator grants it a part (node.Node.Link). Call it before the
 // region serves traffic, then Run.
 func (c *Client) Start(ctx context.Context) error {
-	// A limit that a later configuration adds is held at nothing until
-	// assigned (a domain that does not list this region is enforced whole).
-	c.opts.Engine.SetInitialShare(func(d *allot.Domain, l *allot.Limit) float64 {
-		if slices.Contains(d.Regions, c.opts.Region) {
-			return 0
-		}
-		return 1
-	})
-	for _, d := range c.opts.Engine.Config().Domains {
-		if !slices.Contains(d.Regions, c.opts.Region) {
-			continue
-		}
-		inst, err := coordinator.NewInstance(d, c.opts.Region, c.opts.Instance)
-		if err != nil {
-			return err
-		}
-		l := &link{domain: d.Name, inst: inst, reports: make(chan coordinator.Report, 1), renewed: make(chan struct{}, 1),
+	if err := c.node.Link(); err != nil {
+		return err
+	}
+	for _, d := range c.node.Domains() {
+		l := &link{domain: d, reports: make(chan coordinator.Report, 1), renewed: make(chan struct{}, 1),
 			leave: make(chan coordinator.Ack, 1), left: make(chan struct{})}
-		c.apply(l, inst.Shares()) // every share to 0
 		c.mu.Lock()
-		c.domains[d.Name] = l
+		c.domains[d] = l
 		c.mu.Unlock()
 	}
 	return nil
@@ -168,20 +178,7 @@ func (c *Client) Start(ctx context.Context) error {
 // Ready returns nil once every linked domain holds a grant with a part of
 // each of its local limits, or an error that names the first domain that
 // does not: an instance that holds nothing rejects every request of it.
-func (c *Client) Ready() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, name := range slices.Sorted(maps.Keys(c.domains)) {
-		l := c.domains[name]
-		l.mu.Lock()
-		held := l.inst.Serving()
-		l.mu.Unlock()
-		if !held {
-			return fmt.Errorf("no grant from the coordinator of domain %s yet", name)
-		}
-	}
-	return nil
-}
+func (c *Client) Ready() error { return c.node.Ready() }
 
 // Leave drops every share of every linked domain to nothing for good and
 // tells the coordinators so, waiting until ctx ends at most: what this
@@ -192,13 +189,10 @@ func (c *Client) Leave(ctx context.Context) {
 	c.mu.Lock()
 	links := slices.Collect(maps.Values(c.domains))
 	c.mu.Unlock()
+	acks := c.node.Leave(c.opts.Now())
 	for _, l := range links {
-		l.mu.Lock()
-		shares, ack := l.inst.Leave()
-		c.apply(l, shares)
-		l.mu.Unlock()
 		select {
-		case l.leave <- ack:
+		case l.leave <- acks[l.domain]:
 		default:
 		}
 	}
@@ -216,24 +210,7 @@ func (c *Client) Leave(ctx context.Context) {
 // SetConfig. A domain added to the configuration is linked at the next
 // start.
 func (c *Client) Reconfigure(ctx context.Context) error {
-	var errs []error
-	for _, d := range c.opts.Engine.Config().Domains {
-		c.mu.Lock()
-		l := c.domains[d.Name]
-		c.mu.Unlock()
-		if l == nil {
-			continue
-		}
-		l.mu.Lock()
-		shares, err := l.inst.Reconfigure(d)
-		l.mu.Unlock()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		c.apply(l, shares)
-	}
-	return errors.Join(errs...)
+	return c.node.Reconfigure(c.opts.Now())
 }
 
 // Run keeps the started domains linked to their coordinators until ctx
@@ -256,9 +233,7 @@ func (c *Client) Run(ctx context.Context) error {
 // without a renewal.
 func (c *Client) expire(ctx context.Context, l *link) {
 	for {
-		l.mu.Lock()
-		at := l.inst.Expires()
-		l.mu.Unlock()
+		at := c.node.Expires(l.domain)
 		wait := time.Hour
 		if !at.IsZero() {
 			wait = max(at.Sub(c.opts.Now()), time.Millisecond)
@@ -273,37 +248,11 @@ func (c *Client) expire(ctx context.Context, l *link) {
 			continue
 		case <-t.C:
 		}
-		l.mu.Lock()
-		shares := l.inst.Expire(c.opts.Now())
-		l.mu.Unlock()
-		if len(shares) > 0 {
-			c.metrics.expired(l.domain)
-			c.log.Warn("grant expired without a renewal: holding nothing until the coordinator grants again", "domain", l.domain)
+		doms, _ := c.node.Expire(c.opts.Now())
+		for _, d := range doms {
+			c.metrics.expired(d)
+			c.log.Warn("grant expired without a renewal: holding nothing until the coordinator grants again", "domain", d)
 		}
-		c.apply(l, shares)
-	}
-}
-
-// apply sets shares, in order, in the engine.
-func (c *Client) apply(l *link, shares []coordinator.Share) {
-	now := c.opts.Now()
-	for _, s := range shares {
-		c.setShare(now, l.domain, s)
-	}
-}
-
-func (c *Client) setShare(now time.Time, domain string, s coordinator.Share) {
-	var err error
-	switch {
-	case s.Reset:
-		err = c.opts.Engine.ResetShare(domain, s.Limit, s.Value, s.Since)
-	case s.Key == "":
-		err = c.opts.Engine.SetShare(now, domain, s.Limit, s.Value)
-	default:
-		err = c.opts.Engine.SetKeyShare(now, domain, s.Limit, s.Key, s.Value)
-	}
-	if err != nil {
-		c.log.Warn("share not applied", "domain", domain, "limit", s.Limit, "key", s.Key, "err", err)
 	}
 }
 
@@ -318,35 +267,18 @@ func (c *Client) report(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := c.opts.Now()
-		byDomain := map[string]*coordinator.Report{}
-		for _, d := range c.opts.Engine.Demand() {
-			r := byDomain[d.Domain]
-			if r == nil {
-				r = &coordinator.Report{Domain: d.Domain, Region: c.opts.Region, Instance: c.opts.Instance, At: now}
-				byDomain[d.Domain] = r
-			}
-			if n := len(r.Limits); n == 0 || r.Limits[n-1].Limit != d.Limit {
-				r.Limits = append(r.Limits, coordinator.LimitDemand{Limit: d.Limit})
-			}
-			ld := &r.Limits[len(r.Limits)-1]
-			if d.Key == "" {
-				ld.Admitted, ld.Rejected = d.Admitted, d.Rejected
-			} else {
-				ld.Keys = append(ld.Keys, coordinator.KeyDemand{Key: d.Key, Admitted: d.Admitted, Rejected: d.Rejected, NearLimit: d.NearLimit})
-			}
-		}
+		reports := c.node.Reports(c.opts.Now())
 		c.mu.Lock()
-		for name, l := range c.domains {
-			r := byDomain[name]
-			if r == nil {
-				r = &coordinator.Report{Domain: name, Region: c.opts.Region, Instance: c.opts.Instance, At: now} // an empty report says "alive"
+		for _, r := range reports {
+			l := c.domains[r.Domain]
+			if l == nil {
+				continue
 			}
 			select {
 			case <-l.reports: // drop the unsent older one
 			default:
 			}
-			l.reports <- *r
+			l.reports <- r
 		}
 		c.mu.Unlock()
 	}
@@ -382,10 +314,10 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	l.inst.Reconnect()
-	hello, weights := l.inst.Hello()
-	l.mu.Unlock()
+	hello, weights, err := c.node.Connect(l.domain)
+	if err != nil {
+		return err
+	}
 	if err := st.Send(wire.Hello(hello, weights)); err != nil {
 		return err
 	}
@@ -445,12 +377,13 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 func (c *Client) assign(l *link, pa *allotv1.ShareAssignment) (coordinator.Ack, bool) {
 	a := wire.FromAssignment(pa)
 	now := c.opts.Now()
-	l.mu.Lock()
-	shares, ack, err := l.inst.Apply(now, a)
-	if err == nil {
-		c.apply(l, shares) // under mu: the next assignment applies after this one
+	_, ack, err := c.node.Assign(now, a)
+	if err != nil && ack.Domain != "" {
+		// Applied but for a share the engine refused: acknowledged, as the
+		// rest is in force.
+		c.log.Warn("assignment applied in part", "domain", l.domain, "err", err)
+		err = nil
 	}
-	l.mu.Unlock()
 	if err != nil {
 		c.metrics.refused(l.domain)
 		c.log.Debug("assignment not applied", "domain", l.domain, "term", a.Term, "version", a.Version, "err", err)

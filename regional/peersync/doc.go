@@ -32,15 +32,17 @@
 //		Peers: map[string]string{"eu-west": "eu.example:8081", "ap-south": "ap.example:8081"}})
 //	s.Register(grpcServer) // serves allot.v1.Peer next to the RateLimiter
 //	go s.Run(ctx)          // dials the peers; every tick:
-//	                       //   engine.SyncOut(now) → batches to every peer
+//	                       //   node.SyncOut(ctx, now) → batches to every peer
 //	                       //   engine.LoanAsks(now) → Lend on a peer → engine.Credit
 //
-// With Options.Counts (the region's instances share a CountStore, the
-// regional Redis), a tick merges this instance's counts and the peer
-// slots it received into the store first (engine.CollectCounts,
-// CountStore.MergeCounts, engine.PublishCounts, engine.Outbound), so that
-// the region's slot is the sum over its instances and every instance
-// knows what any of them received.
+// What a tick sends and what a received batch does are the instance's
+// core's (regional/node, Options.Node, shared with the coordinator link;
+// the simulator runs the same): with Options.Counts (the region's
+// instances share a CountStore, the regional Redis), a tick merges this
+// instance's counts and the peer slots it received into the store first,
+// so that the region's slot is the sum over its instances and every
+// instance knows what any of them received. The tick and heartbeat
+// default to node.PeerIntervals.
 //
 // # Bad input
 //

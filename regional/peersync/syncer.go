@@ -18,29 +18,24 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
+	"github.com/allot-dev/allot/regional/node"
 )
 
 // Defaults of Options.
 const (
 	DefaultLendTimeout = 200 * time.Millisecond
 	DefaultQueue       = 64
-	// minTick and maxTick bound the default tick: a tenth of the
-	// shortest sync interval of the configuration.
-	minTick = 10 * time.Millisecond
-	maxTick = 250 * time.Millisecond
 	// maxLends bounds the Lend calls in flight.
 	maxLends = 64
 	// maxBackoff bounds the wait between two dials of a peer: a
 	// partition's end is noticed within it.
 	maxBackoff = 500 * time.Millisecond
-	// maxReceived bounds the peers' batches kept for a CountStore that
-	// does not answer.
-	maxReceived = 4096
 )
 
 // Options configure a Syncer.
@@ -58,6 +53,10 @@ type Options struct {
 	// (the regional Redis): the region's slot is the sum over them. nil:
 	// this instance is its region's only one.
 	Counts regional.CountStore
+	// Node is the instance's core (its engine, region, instance and
+	// CountStore name it); nil: one made from Engine, Region, Instance and
+	// Counts. The coordinator link of the same process shares it.
+	Node *node.Node
 	// Tick is how often due deltas go out and loans are asked; 0 means a
 	// tenth of the shortest sync interval of the configuration, within
 	// [10ms, 250ms].
@@ -68,8 +67,12 @@ type Options struct {
 	// LendTimeout bounds a Lend call; 0 means DefaultLendTimeout.
 	LendTimeout time.Duration
 	// Queue bounds the messages waiting for a peer; 0 means DefaultQueue.
-	Queue       int
-	DialOptions []grpc.DialOption // added to insecure credentials
+	Queue int
+	// Credentials secure the streams to the peers (TLS with this
+	// instance's client certificate: Peer requires one when it runs TLS);
+	// nil means plain text.
+	Credentials credentials.TransportCredentials
+	DialOptions []grpc.DialOption // added after the credentials
 	Registry    prometheus.Registerer
 	Logger      *slog.Logger
 	Now         func() time.Time
@@ -81,6 +84,7 @@ type Syncer struct {
 	allotv1.UnimplementedPeerServer
 	opts    Options
 	engine  *regional.Engine
+	node    *node.Node
 	log     *slog.Logger
 	metrics *metrics
 	out     map[string]*outbound // by peer region
@@ -88,9 +92,6 @@ type Syncer struct {
 	streams atomic.Uint64
 	quit    chan struct{} // closed by Shutdown: served streams end
 	quitted sync.Once
-
-	mu       sync.Mutex
-	received []regional.Batch // peers' batches since the last merge (with Counts)
 }
 
 // outbound is this instance's stream to one peer region.
@@ -103,12 +104,22 @@ type outbound struct {
 
 // New returns a Syncer; Register serves its Peer API and Run starts it.
 func New(opts Options) (*Syncer, error) {
+	if opts.Node != nil {
+		opts.Engine, opts.Region, opts.Instance = opts.Node.Engine(), opts.Node.Region(), opts.Node.Instance()
+	}
 	if opts.Engine == nil || opts.Region == "" {
 		return nil, errors.New("peersync: Engine and Region are required")
 	}
 	if opts.Instance == "" {
 		host, _ := os.Hostname()
 		opts.Instance = fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
+	}
+	if opts.Node == nil {
+		n, err := node.New(node.Options{Region: opts.Region, Instance: opts.Instance, Engine: opts.Engine, Counts: opts.Counts})
+		if err != nil {
+			return nil, fmt.Errorf("peersync: %w", err)
+		}
+		opts.Node = n
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -122,23 +133,27 @@ func New(opts Options) (*Syncer, error) {
 	if opts.Queue <= 0 {
 		opts.Queue = DefaultQueue
 	}
-	shortest := shortestSync(opts.Engine)
+	tick, heartbeat := node.PeerIntervals(opts.Engine.Config())
 	if opts.Tick <= 0 {
-		opts.Tick = min(max(shortest/10, minTick), maxTick)
+		opts.Tick = tick
 	}
 	if opts.Heartbeat <= 0 {
-		opts.Heartbeat = shortest / 2
+		opts.Heartbeat = heartbeat
 	}
 	if err := opts.Engine.SetPeers(opts.Region, slices.Sorted(maps.Keys(opts.Peers))); err != nil {
 		return nil, fmt.Errorf("peersync: %w", err)
 	}
-	s := &Syncer{opts: opts, engine: opts.Engine, log: opts.Logger.With("region", opts.Region),
+	s := &Syncer{opts: opts, engine: opts.Engine, node: opts.Node, log: opts.Logger.With("region", opts.Region),
 		out: map[string]*outbound{}, lends: make(chan struct{}, maxLends), quit: make(chan struct{})}
 	s.metrics = newMetrics(s, opts.Registry)
 	// A peer back from a partition is redialled within maxBackoff, not
 	// gRPC's default of up to two minutes.
+	creds := opts.Credentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
 			MinConnectTimeout: time.Second,
@@ -153,22 +168,6 @@ func New(opts Options) (*Syncer, error) {
 		s.out[region] = &outbound{region: region, cc: cc, client: allotv1.NewPeerClient(cc), queue: make(chan *allotv1.SyncMessage, opts.Queue)}
 	}
 	return s, nil
-}
-
-// shortestSync is the shortest sync interval of the engine's limits.
-func shortestSync(e *regional.Engine) time.Duration {
-	d := time.Duration(0)
-	for _, dom := range e.Config().Domains {
-		for _, l := range dom.Limits {
-			if l.SyncInterval > 0 && (d == 0 || l.SyncInterval < d) {
-				d = l.SyncInterval
-			}
-		}
-	}
-	if d == 0 {
-		d = 250 * time.Millisecond
-	}
-	return d
 }
 
 // Register serves allot.v1.Peer on gs.
@@ -233,37 +232,17 @@ func (s *Syncer) ticks(ctx context.Context) {
 	}
 }
 
-// outboundBatches runs the engine's side of a tick: with a CountStore,
-// this instance's counts and the peers' slots it received are merged in
-// the store first.
+// outboundBatches runs the instance's side of a tick (node.Node.SyncOut:
+// with a CountStore, this instance's counts and the peers' slots it
+// received are merged in the store first).
 func (s *Syncer) outboundBatches(ctx context.Context, now time.Time) []regional.Batch {
-	if s.opts.Counts == nil {
-		return s.engine.SyncOut(now)
-	}
-	s.mu.Lock()
-	received := s.received
-	s.received = nil
-	s.mu.Unlock()
-	own := s.engine.CollectCounts(now, true)
-	ops := s.engine.CountOps(own, received)
-	res := make([]regional.RegionCount, len(ops))
 	mctx, cancel := context.WithTimeout(ctx, max(s.opts.Tick, 50*time.Millisecond))
-	err := s.opts.Counts.MergeCounts(mctx, s.opts.Instance, ops, res)
-	cancel()
+	defer cancel()
+	batches, err := s.node.SyncOut(mctx, now)
 	if err != nil {
-		// The other instances' counts stay as last merged here; the
-		// peers' slots received count here already (Inbound) and go to
-		// the store at the next merge.
 		s.log.Debug("count store merge failed", "err", err)
-		res = regional.Alone(own)
-		s.mu.Lock()
-		if len(s.received) < maxReceived {
-			s.received = append(received, s.received...)
-		}
-		s.mu.Unlock()
 	}
-	s.engine.PublishCounts(now, res)
-	return s.engine.Outbound(now)
+	return batches
 }
 
 // enqueue queues m for o's stream, or drops it when the queue is full:
@@ -468,7 +447,7 @@ func (s *Syncer) receive(peer, stream string, m *allotv1.SyncMessage, replies ch
 		if err != nil {
 			return s.refuse(err)
 		}
-		resync, err := s.engine.Inbound(now, regional.Source{Region: peer, Stream: stream}, b)
+		resync, err := s.node.Inbound(now, regional.Source{Region: peer, Stream: stream}, b)
 		if err != nil {
 			_, reason, fatal := classify(err)
 			if fatal {
@@ -481,11 +460,6 @@ func (s *Syncer) receive(peer, stream string, m *allotv1.SyncMessage, replies ch
 		if resync {
 			s.metrics.resyncs.WithLabelValues(peer, "requested").Inc()
 			reply.Resync = append(reply.Resync, &allotv1.LimitRef{Domain: b.Domain, Limit: b.Limit})
-		}
-		if s.opts.Counts != nil && len(b.Deltas) > 0 {
-			s.mu.Lock()
-			s.received = append(s.received, b)
-			s.mu.Unlock()
 		}
 	}
 	if len(reply.Resync) > 0 || len(reply.Rejections) > 0 {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -62,6 +63,13 @@ type Options struct {
 	Addrs []string
 	// Cluster makes Addrs a Redis Cluster's seed nodes.
 	Cluster bool
+	// TLS, when set, makes every connection TLS with it (a Redis started
+	// with --tls-port; with a client certificate for --tls-auth-clients);
+	// nil means plain text.
+	TLS *tls.Config
+	// Username and Password authenticate every connection (AUTH): an ACL
+	// user, or only Password for requirepass. Empty: no AUTH.
+	Username, Password string
 	// Prefix starts every key; one Redis may serve several regions or
 	// deployments under different prefixes. "" means DefaultPrefix.
 	Prefix string
@@ -126,6 +134,7 @@ func New(opts Options) (*Store, error) {
 	if opts.Cluster {
 		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: opts.Addrs, ContextTimeoutEnabled: true, MaxRetries: -1,
+			TLSConfig: opts.TLS, Username: opts.Username, Password: opts.Password,
 			DialTimeout: time.Second, DialerRetries: 1, ReadTimeout: time.Second, WriteTimeout: time.Second,
 			// Slots move when a replica takes over a dead primary; a
 			// connection error does not say so, a reload does.
@@ -134,6 +143,7 @@ func New(opts Options) (*Store, error) {
 	} else {
 		client = redis.NewClient(&redis.Options{
 			Addr: opts.Addrs[0], ContextTimeoutEnabled: true, MaxRetries: -1,
+			TLSConfig: opts.TLS, Username: opts.Username, Password: opts.Password,
 			DialTimeout: time.Second, DialerRetries: 1, ReadTimeout: time.Second, WriteTimeout: time.Second,
 		})
 	}
