@@ -86,7 +86,7 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		d := b.info
 		d.Allowed = false
 		d.RetryAfter = wait
-		d.Remaining = b.tokens() + b.left
+		d.Remaining = b.promise()
 		b.mu.Unlock()
 		c.stats.local.Add(1)
 		return d
@@ -119,6 +119,12 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	// A rejection refuses requests of this shape here for a while
 	// (GatewayKey.Checked); the sync loop asks for a lease.
 	lease := b.gw.Checked(now, hits, d.Allowed, d.RetryAfter, c.cfg.SyncInterval)
+	if b.gw.Mode() == regional.GatewayLeased {
+		// What the enforcer has left is now this answer's; what this
+		// gateway may count on adds what its grants hold.
+		b.left = max(d.Remaining, 0)
+		d.Remaining = b.promise()
+	}
 	b.mu.Unlock()
 	if lease {
 		c.wake()
@@ -126,32 +132,54 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	return d
 }
 
-// fromResult describes the most restrictive limit of a Check result.
+// fromResult describes the most restrictive limit of a Check result, as
+// regional/server's headers pick it: the one that rejected with the
+// longest wait, else the one with the least remaining (capped at its
+// quota).
 func fromResult(res *allotv1.CheckResult) Decision {
 	d := Decision{Allowed: res.GetAllowed(), RetryAfter: res.GetRetryAfter().AsDuration()}
-	pick := -1
-	for i, st := range res.GetLimits() {
+	var pick *allotv1.LimitStatus
+	for _, st := range res.GetLimits() {
 		if st.GetShadow() {
 			continue
 		}
 		switch {
-		case pick < 0:
-			pick = i
-		case !d.Allowed && !st.GetAllowed() && st.GetRetryAfter().AsDuration() > res.GetLimits()[pick].GetRetryAfter().AsDuration():
-			pick = i
-		case d.Allowed && st.GetRemaining() < res.GetLimits()[pick].GetRemaining():
-			pick = i
+		case pick == nil:
+			pick = st
+		case !d.Allowed && !st.GetAllowed() && st.GetRetryAfter().AsDuration() > pick.GetRetryAfter().AsDuration():
+			pick = st
+		case d.Allowed && promised(st) < promised(pick):
+			pick = st
 		}
 	}
-	if pick >= 0 {
-		st := res.GetLimits()[pick]
-		d.Limit = st.GetName()
-		d.Amount = st.GetLimit()
-		d.Window = st.GetWindow().AsDuration()
-		d.Remaining = st.GetRemaining()
-		d.ResetAfter = st.GetResetAfter().AsDuration()
+	if pick != nil {
+		d.Limit = pick.GetName()
+		d.Amount = pick.GetLimit()
+		d.Window = pick.GetWindow().AsDuration()
+		d.Quota, d.QuotaWindow, d.Partition = pick.GetQuota(), pick.GetQuotaWindow().AsDuration(), pick.GetPartition()
+		if d.Quota <= 0 { // an enforcer older than the quota
+			d.Quota, d.QuotaWindow, d.Partition = d.Amount, d.Window, ""
+		}
+		d.Remaining = pick.GetRemaining()
+		if d.Quota > 0 {
+			d.Remaining = min(d.Remaining, d.Quota)
+		}
 	}
 	return d
+}
+
+// promised is what a status's remaining promises the next requests, as
+// the headers show it: at least 0 and at most its quota (its limit from
+// an enforcer that sends none; no cap without either).
+func promised(st *allotv1.LimitStatus) int64 {
+	r, q := max(st.GetRemaining(), 0), st.GetQuota()
+	if q <= 0 {
+		q = st.GetLimit()
+	}
+	if q > 0 {
+		r = min(r, q)
+	}
+	return r
 }
 
 // keyTable holds the buckets of the request shapes this gateway has seen,

@@ -58,13 +58,26 @@ func (b *bucket) is(domain string, ds []allot.Descriptor) bool {
 	return true
 }
 
-// allowed is the answer to a request a grant covered; the caller holds
+// allowed is the answer to a request a grant covered: b.info's limit,
+// its quota included, with what the grants hold and the enforcer had
+// left, at most the quota (both were charged from it); the caller holds
 // b.mu.
 func (b *bucket) allowed() Decision {
 	d := b.info
 	d.Allowed = true
-	d.Remaining = b.tokens() + b.left
+	d.Remaining = b.promise()
 	return d
+}
+
+// promise is what the next requests of this shape may count on here:
+// what the grants hold and what the enforcer had left, at most the
+// quota; the caller holds b.mu.
+func (b *bucket) promise() int64 {
+	r := b.tokens() + b.left
+	if q := b.info.Quota; q > 0 {
+		r = min(r, q)
+	}
+	return r
 }
 
 // tokens is what the grants hold; the caller holds b.mu.

@@ -18,7 +18,14 @@
 // Middleware and UnaryServerInterceptor / StreamServerInterceptor put any
 // Limiter in front of a net/http handler or a gRPC server, with the same
 // headers (RateLimit-Policy, RateLimit, X-RateLimit-*, Retry-After) as the
-// enforcer's own HTTP API. client/example/gateway is a runnable gateway.
+// enforcer's own HTTP API, and the same numbers: a Decision carries what
+// the region admits of the key (Quota, QuotaWindow, Partition: q, w and
+// pk), from the enforcer's answer or the lease's, so X-RateLimit-Limit is
+// the region's quota, not the limit over all regions, and Remaining is at
+// most the quota. A Remaining the enforcer answered promises the next
+// requests to it; one from a lease adds what this gateway holds to what
+// the enforcer had left at its last answer, which other gateways may
+// spend meanwhile. client/example/gateway is a runnable gateway.
 //
 // A Client is safe for concurrent use.
 package client

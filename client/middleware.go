@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -152,25 +153,27 @@ func writeJSONResponse(w http.ResponseWriter, code int, v any) {
 }
 
 // SetRateLimitHeaders sets on h the headers regional/server's HTTP API
-// sets, from the one limit d describes:
+// sets, from the one limit d describes, with the same numbers: what the
+// enforcing region admits for the key (d.Quota), not the limit over all
+// regions (d.Amount). For a per-user limit of 30/s with a burst of 15, of
+// which us-east holds a third:
 //
-//	RateLimit-Policy: "per-user";q=30;w=1     (amount; window in seconds, at least 1)
-//	RateLimit: "per-user";r=14;t=1            (remaining; reset in seconds, rounded up)
-//	X-RateLimit-Limit: 30
-//	X-RateLimit-Remaining: 14
+//	RateLimit-Policy: "per-user";q=5;w=1;pk=:dXMtZWFzdA==:   (quota; refill in seconds, at least 1; partition)
+//	RateLimit: "per-user";r=4;t=1;pk=:dXMtZWFzdA==:          (remaining; reset in seconds, rounded up)
+//	X-RateLimit-Limit: 5                                     (quota)
+//	X-RateLimit-Remaining: 4
 //	X-RateLimit-Reset: 1
-//	Retry-After: 1                            (when rejected: seconds, rounded up, at least 1)
+//	Retry-After: 1                                           (when rejected: seconds, rounded up, at least 1)
 //
-// The first five only when d names a limit with a positive amount (the
-// enforcer, too, leaves out limits whose amount is 0). Headers it does not
-// set are left as they are.
-//
-// The names and syntax are the enforcer's; the policy's numbers are not
-// yet: the enforcer's q is what it enforces for the key (its region's
-// share of the burst, with pk naming the region, docs/design.md section
-// 8), while a Decision carries only the key's whole limit (Amount per
-// Window), so q here is that, with no pk: a policy over all regions.
-// Remaining is this gateway's view of the region's allowance in both.
+// q is d.Quota, w d.QuotaWindow, pk d.Partition in base64 (the IETF
+// draft's byte sequence; left out when the quota is the whole limit's,
+// a shared-mode limit in sync with its peers). A Decision without a quota
+// (made by hand, or before these fields) falls back to Amount per Window
+// with no pk. Remaining is shown between 0 and the quota, so that a
+// remaining of N is never more than a full budget admits. The first five
+// only when d names a limit with a positive amount (the enforcer, too,
+// leaves out limits whose amount is 0). Headers it does not set are left
+// as they are.
 func SetRateLimitHeaders(h http.Header, d Decision) {
 	for _, f := range rateLimitFields(d) {
 		h.Set(f.key, f.value)
@@ -186,14 +189,20 @@ type headerField struct{ key, value string }
 func rateLimitFields(d Decision) []headerField {
 	var fs []headerField
 	if d.Limit != "" && d.Amount > 0 {
+		q, w, pk := d.Quota, d.QuotaWindow, ""
+		if q <= 0 {
+			q, w = d.Amount, d.Window
+		} else if d.Partition != "" {
+			pk = ";pk=:" + base64.StdEncoding.EncodeToString([]byte(d.Partition)) + ":"
+		}
 		// A gateway's view of what is left may run below zero between
 		// syncs; the draft's r is non-negative.
-		rem := max(d.Remaining, 0)
+		rem := min(max(d.Remaining, 0), q)
 		reset := strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)
 		fs = append(fs,
-			headerField{"RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", d.Limit, d.Amount, max(ceilSeconds(d.Window), 1))},
-			headerField{"RateLimit", fmt.Sprintf("%q;r=%d;t=%s", d.Limit, rem, reset)},
-			headerField{"X-RateLimit-Limit", strconv.FormatInt(d.Amount, 10)},
+			headerField{"RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d%s", d.Limit, q, max(ceilSeconds(w), 1), pk)},
+			headerField{"RateLimit", fmt.Sprintf("%q;r=%d;t=%s%s", d.Limit, rem, reset, pk)},
+			headerField{"X-RateLimit-Limit", strconv.FormatInt(q, 10)},
 			headerField{"X-RateLimit-Remaining", strconv.FormatInt(rem, 10)},
 			headerField{"X-RateLimit-Reset", reset},
 		)

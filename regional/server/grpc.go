@@ -38,7 +38,7 @@ func (r rateLimiter) Check(ctx context.Context, req *allotv1.CheckRequest) (*all
 	}
 	resp := &allotv1.CheckResponse{Results: make([]*allotv1.CheckResult, len(decs))}
 	for i := range decs {
-		resp.Results[i] = checkResult(&decs[i])
+		resp.Results[i] = r.s.headedResult(items[i].Domain, items[i].Descriptors, &decs[i])
 	}
 	return resp, nil
 }
@@ -70,10 +70,29 @@ func fromEntries(es []*allotv1.Entry) allot.Descriptor {
 	return desc
 }
 
-func checkResult(dec *allot.Decision) *allotv1.CheckResult {
+// checkResult converts dec without the quotas (quota, quota_window and
+// partition unset): for answers no client writes rate limit headers
+// from.
+func checkResult(dec *allot.Decision) *allotv1.CheckResult { return quotaResult(dec, nil) }
+
+// headedResult converts dec, the decision of a request with descriptors
+// descs in domain, for a client that may write rate limit headers from
+// it (the Go SDK's middleware): its statuses carry the quota, quota
+// window and partition that the enforcer's own HTTP headers say
+// (Service.policies).
+func (s *Service) headedResult(domain string, descs []allot.Descriptor, dec *allot.Decision) *allotv1.CheckResult {
+	var inline [4]policy
+	return quotaResult(dec, s.appendPolicies(inline[:0], domain, descs, dec))
+}
+
+// quotaResult converts dec; ps are policies of dec's statuses, in their
+// order (appendPolicies; nil: none), and give those statuses their quota,
+// quota_window and partition.
+func quotaResult(dec *allot.Decision, ps []policy) *allotv1.CheckResult {
 	res := &allotv1.CheckResult{Allowed: dec.Allowed, RetryAfter: durationpb.New(dec.RetryAfter)}
-	for _, st := range dec.Statuses {
-		res.Limits = append(res.Limits, &allotv1.LimitStatus{
+	for i := range dec.Statuses {
+		st := &dec.Statuses[i]
+		ls := &allotv1.LimitStatus{
 			Name:            st.Name,
 			Limit:           st.Limit,
 			Remaining:       st.Remaining,
@@ -83,7 +102,12 @@ func checkResult(dec *allot.Decision) *allotv1.CheckResult {
 			Shadow:          st.Shadow,
 			DescriptorIndex: int32(st.Descriptor),
 			Window:          durationpb.New(st.Window),
-		})
+		}
+		if len(ps) > 0 && ps[0].st == st {
+			ls.Quota, ls.QuotaWindow, ls.Partition = ps[0].quota, durationpb.New(ps[0].window), ps[0].partition
+			ps = ps[1:]
+		}
+		res.Limits = append(res.Limits, ls)
 	}
 	return res
 }

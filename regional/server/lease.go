@@ -216,7 +216,7 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 		}
 	}
 	if it.want == 0 || g.CheckEach {
-		g.Limits = checkResult(&dec).Limits
+		g.Limits = l.s.headedResult(it.Domain, it.Descriptors, &dec).Limits
 		return g, nil
 	}
 	// Size by the most restrictive limit's remaining.
@@ -235,6 +235,6 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 	if g.Granted < it.want {
 		g.RetryAfter = durationpb.New(regional.GatewayRetryAfter(&dec))
 	}
-	g.Limits = checkResult(&dec).Limits
+	g.Limits = l.s.headedResult(it.Domain, it.Descriptors, &dec).Limits
 	return g, nil
 }

@@ -42,8 +42,18 @@ type policy struct {
 // checked in domain; nil means unknown (a settlement), and then the
 // quotas are the statuses' whole limits with no partition.
 func (s *Service) policies(domain string, descs []allot.Descriptor, d *allot.Decision) []policy {
-	var out []policy
-	var quotas map[int][]regional.QuotaLimit
+	return s.appendPolicies(nil, domain, descs, d)
+}
+
+// appendPolicies appends policies(domain, descs, d) to dst: the HTTP
+// headers and the gRPC answers' quotas (quotaResult) both come from it.
+func (s *Service) appendPolicies(dst []policy, domain string, descs []allot.Descriptor, d *allot.Decision) []policy {
+	// A descriptor's limits are looked up once: the engine reports the
+	// statuses grouped by descriptor, in order (another order is only
+	// slower).
+	var inline [4]regional.QuotaLimit
+	var qs []regional.QuotaLimit
+	at := -1
 	var shared map[string]regional.SyncStats
 	now := s.now()
 	for i := range d.Statuses {
@@ -54,13 +64,9 @@ func (s *Service) policies(domain string, descs []allot.Descriptor, d *allot.Dec
 		p := policy{st: st, quota: st.Limit, window: st.Window, remaining: st.Remaining}
 		var ql *regional.QuotaLimit
 		if st.Descriptor >= 0 && st.Descriptor < len(descs) {
-			if quotas == nil {
-				quotas = map[int][]regional.QuotaLimit{}
-			}
-			qs, ok := quotas[st.Descriptor]
-			if !ok {
-				qs, _ = s.engine.QuotaLimits(now, domain, descs[st.Descriptor], nil)
-				quotas[st.Descriptor] = qs
+			if st.Descriptor != at {
+				at = st.Descriptor
+				qs, _ = s.engine.QuotaLimits(now, domain, descs[at], inline[:0])
 			}
 			for j := range qs {
 				if qs[j].Limit.Name == st.Name {
@@ -81,9 +87,9 @@ func (s *Service) policies(domain string, descs []allot.Descriptor, d *allot.Dec
 			s.enforced(&p, ql, s.sharedState(now, domain, shared[ql.Limit.Name]))
 		}
 		p.remaining = min(max(p.remaining, 0), p.quota)
-		out = append(out, p)
+		dst = append(dst, p)
 	}
-	return out
+	return dst
 }
 
 // sharing is how a limit is decided here as to its peers.

@@ -243,8 +243,23 @@ type LimitStatus struct {
 	Shadow bool `protobuf:"varint,7,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	// Index of the item's descriptor that this status answers for.
 	DescriptorIndex int32 `protobuf:"varint,8,opt,name=descriptor_index,json=descriptorIndex,proto3" json:"descriptor_index,omitempty"`
-	// The limit's period, for RateLimit-Policy headers.
-	Window        *durationpb.Duration `protobuf:"bytes,9,opt,name=window,proto3" json:"window,omitempty"`
+	// The limit's period.
+	Window *durationpb.Duration `protobuf:"bytes,9,opt,name=window,proto3" json:"window,omitempty"`
+	// What a full budget admits at once for the key: its burst (a token
+	// bucket's or GCRA's; a sliding window's amount) times the region's
+	// share, rounded down as the enforcer's checks do (a local limit: this
+	// instance's part of the region's); for a shared-mode limit in sync
+	// with its peers, the whole limit's. The headers show remaining capped
+	// at quota (and at 0), as the enforcer's HTTP API does.
+	Quota int64 `protobuf:"varint,10,opt,name=quota,proto3" json:"quota,omitempty"`
+	// How long a spent quota takes to refill entirely: burst ÷ rate for a
+	// token bucket and GCRA (which then admit quota every quota_window),
+	// the period for a sliding window.
+	QuotaWindow *durationpb.Duration `protobuf:"bytes,11,opt,name=quota_window,json=quotaWindow,proto3" json:"quota_window,omitempty"`
+	// The region whose share quota is (for a local limit: the region of
+	// the instance whose part it is), the header's partition key; empty
+	// when quota is the whole limit's.
+	Partition     string `protobuf:"bytes,12,opt,name=partition,proto3" json:"partition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -340,6 +355,27 @@ func (x *LimitStatus) GetWindow() *durationpb.Duration {
 		return x.Window
 	}
 	return nil
+}
+
+func (x *LimitStatus) GetQuota() int64 {
+	if x != nil {
+		return x.Quota
+	}
+	return 0
+}
+
+func (x *LimitStatus) GetQuotaWindow() *durationpb.Duration {
+	if x != nil {
+		return x.QuotaWindow
+	}
+	return nil
+}
+
+func (x *LimitStatus) GetPartition() string {
+	if x != nil {
+		return x.Partition
+	}
+	return ""
 }
 
 type CheckResult struct {
@@ -1388,7 +1424,7 @@ const file_allot_v1_ratelimiter_proto_rawDesc = "" +
 	"\x04hits\x18\x03 \x01(\x03H\x00R\x04hits\x88\x01\x01B\a\n" +
 	"\x05_hits\"9\n" +
 	"\fCheckRequest\x12)\n" +
-	"\x05items\x18\x01 \x03(\v2\x13.allot.v1.CheckItemR\x05items\"\xdd\x02\n" +
+	"\x05items\x18\x01 \x03(\v2\x13.allot.v1.CheckItemR\x05items\"\xcf\x03\n" +
 	"\vLimitStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -1400,7 +1436,11 @@ const file_allot_v1_ratelimiter_proto_rawDesc = "" +
 	"\aallowed\x18\x06 \x01(\bR\aallowed\x12\x16\n" +
 	"\x06shadow\x18\a \x01(\bR\x06shadow\x12)\n" +
 	"\x10descriptor_index\x18\b \x01(\x05R\x0fdescriptorIndex\x121\n" +
-	"\x06window\x18\t \x01(\v2\x19.google.protobuf.DurationR\x06window\"\x92\x01\n" +
+	"\x06window\x18\t \x01(\v2\x19.google.protobuf.DurationR\x06window\x12\x14\n" +
+	"\x05quota\x18\n" +
+	" \x01(\x03R\x05quota\x12<\n" +
+	"\fquota_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\vquotaWindow\x12\x1c\n" +
+	"\tpartition\x18\f \x01(\tR\tpartition\"\x92\x01\n" +
 	"\vCheckResult\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12:\n" +
 	"\vretry_after\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
@@ -1539,40 +1579,41 @@ var file_allot_v1_ratelimiter_proto_depIdxs = []int32{
 	19, // 3: allot.v1.LimitStatus.reset_after:type_name -> google.protobuf.Duration
 	19, // 4: allot.v1.LimitStatus.retry_after:type_name -> google.protobuf.Duration
 	19, // 5: allot.v1.LimitStatus.window:type_name -> google.protobuf.Duration
-	19, // 6: allot.v1.CheckResult.retry_after:type_name -> google.protobuf.Duration
-	4,  // 7: allot.v1.CheckResult.limits:type_name -> allot.v1.LimitStatus
-	5,  // 8: allot.v1.CheckResponse.results:type_name -> allot.v1.CheckResult
-	1,  // 9: allot.v1.ReserveRequest.descriptors:type_name -> allot.v1.Descriptor
-	19, // 10: allot.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	19, // 11: allot.v1.ReserveResponse.ttl:type_name -> google.protobuf.Duration
-	19, // 12: allot.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
-	4,  // 13: allot.v1.ReserveResponse.limits:type_name -> allot.v1.LimitStatus
-	4,  // 14: allot.v1.Settlement.limits:type_name -> allot.v1.LimitStatus
-	10, // 15: allot.v1.SettleResponse.settlement:type_name -> allot.v1.Settlement
-	10, // 16: allot.v1.ReleaseResponse.settlement:type_name -> allot.v1.Settlement
-	15, // 17: allot.v1.LeaseRequest.items:type_name -> allot.v1.LeaseItem
-	1,  // 18: allot.v1.LeaseItem.descriptors:type_name -> allot.v1.Descriptor
-	17, // 19: allot.v1.LeaseResponse.grants:type_name -> allot.v1.LeaseGrant
-	19, // 20: allot.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
-	19, // 21: allot.v1.LeaseGrant.retry_after:type_name -> google.protobuf.Duration
-	4,  // 22: allot.v1.LeaseGrant.limits:type_name -> allot.v1.LimitStatus
-	18, // 23: allot.v1.LeaseGrant.fallback:type_name -> allot.v1.LeaseFallback
-	19, // 24: allot.v1.LeaseFallback.window:type_name -> google.protobuf.Duration
-	3,  // 25: allot.v1.RateLimiter.Check:input_type -> allot.v1.CheckRequest
-	7,  // 26: allot.v1.RateLimiter.Reserve:input_type -> allot.v1.ReserveRequest
-	9,  // 27: allot.v1.RateLimiter.Settle:input_type -> allot.v1.SettleRequest
-	12, // 28: allot.v1.RateLimiter.Release:input_type -> allot.v1.ReleaseRequest
-	14, // 29: allot.v1.RateLimiter.Lease:input_type -> allot.v1.LeaseRequest
-	6,  // 30: allot.v1.RateLimiter.Check:output_type -> allot.v1.CheckResponse
-	8,  // 31: allot.v1.RateLimiter.Reserve:output_type -> allot.v1.ReserveResponse
-	11, // 32: allot.v1.RateLimiter.Settle:output_type -> allot.v1.SettleResponse
-	13, // 33: allot.v1.RateLimiter.Release:output_type -> allot.v1.ReleaseResponse
-	16, // 34: allot.v1.RateLimiter.Lease:output_type -> allot.v1.LeaseResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	19, // 6: allot.v1.LimitStatus.quota_window:type_name -> google.protobuf.Duration
+	19, // 7: allot.v1.CheckResult.retry_after:type_name -> google.protobuf.Duration
+	4,  // 8: allot.v1.CheckResult.limits:type_name -> allot.v1.LimitStatus
+	5,  // 9: allot.v1.CheckResponse.results:type_name -> allot.v1.CheckResult
+	1,  // 10: allot.v1.ReserveRequest.descriptors:type_name -> allot.v1.Descriptor
+	19, // 11: allot.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 12: allot.v1.ReserveResponse.ttl:type_name -> google.protobuf.Duration
+	19, // 13: allot.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	4,  // 14: allot.v1.ReserveResponse.limits:type_name -> allot.v1.LimitStatus
+	4,  // 15: allot.v1.Settlement.limits:type_name -> allot.v1.LimitStatus
+	10, // 16: allot.v1.SettleResponse.settlement:type_name -> allot.v1.Settlement
+	10, // 17: allot.v1.ReleaseResponse.settlement:type_name -> allot.v1.Settlement
+	15, // 18: allot.v1.LeaseRequest.items:type_name -> allot.v1.LeaseItem
+	1,  // 19: allot.v1.LeaseItem.descriptors:type_name -> allot.v1.Descriptor
+	17, // 20: allot.v1.LeaseResponse.grants:type_name -> allot.v1.LeaseGrant
+	19, // 21: allot.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
+	19, // 22: allot.v1.LeaseGrant.retry_after:type_name -> google.protobuf.Duration
+	4,  // 23: allot.v1.LeaseGrant.limits:type_name -> allot.v1.LimitStatus
+	18, // 24: allot.v1.LeaseGrant.fallback:type_name -> allot.v1.LeaseFallback
+	19, // 25: allot.v1.LeaseFallback.window:type_name -> google.protobuf.Duration
+	3,  // 26: allot.v1.RateLimiter.Check:input_type -> allot.v1.CheckRequest
+	7,  // 27: allot.v1.RateLimiter.Reserve:input_type -> allot.v1.ReserveRequest
+	9,  // 28: allot.v1.RateLimiter.Settle:input_type -> allot.v1.SettleRequest
+	12, // 29: allot.v1.RateLimiter.Release:input_type -> allot.v1.ReleaseRequest
+	14, // 30: allot.v1.RateLimiter.Lease:input_type -> allot.v1.LeaseRequest
+	6,  // 31: allot.v1.RateLimiter.Check:output_type -> allot.v1.CheckResponse
+	8,  // 32: allot.v1.RateLimiter.Reserve:output_type -> allot.v1.ReserveResponse
+	11, // 33: allot.v1.RateLimiter.Settle:output_type -> allot.v1.SettleResponse
+	13, // 34: allot.v1.RateLimiter.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 35: allot.v1.RateLimiter.Lease:output_type -> allot.v1.LeaseResponse
+	31, // [31:36] is the sub-list for method output_type
+	26, // [26:31] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_ratelimiter_proto_init() }
