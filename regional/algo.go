@@ -12,7 +12,8 @@ import (
 //
 // Slot fields by algorithm:
 //
-//	token_bucket:   t = last refill (unix ns), a = tokens (may be < 0 after a forced charge)
+//	token_bucket:   t = last refill (unix ns), a = tokens (may be < 0 after a forced charge),
+//	                b = own burst the tokens were counted under (params.own)
 //	gcra:           t = theoretical arrival time (unix ns), b = last update (unix ns, its int64 bits)
 //	sliding_window: t = current window start (unix ns), a = current count, b = previous count
 type params struct {
@@ -20,6 +21,10 @@ type params struct {
 	amount float64 // per period
 	burst  float64 // capacity (token bucket, gcra)
 	period int64   // ns
+	// own is the burst before the share: the limit's own, after plan and
+	// override. A token bucket follows a raise of it (tokensAt); the
+	// share leaves it alone.
+	own float64
 }
 
 // maxWait caps reported durations: a key whose rate is 0 (share 0) never
@@ -63,7 +68,7 @@ type outcome struct {
 func fresh(s *slot, now int64, p params) {
 	switch p.alg {
 	case allot.TokenBucket:
-		s.t, s.a = now, p.burst
+		s.t, s.a, s.b = now, p.burst, p.own
 	case allot.GCRA:
 		s.t, s.b = now, bitsOf(now)
 	case allot.SlidingWindow:
@@ -86,13 +91,27 @@ func lastUpdate(s *slot, alg allot.Algorithm) int64 {
 }
 
 // tokensAt is how much a token bucket or GCRA state holds at t ≥ lastUpdate.
+//
+// A raise of the limit's own burst (configuration, plan, override: not
+// the share) is there at once, and what was spent stays spent: the
+// bucket holds what it would at the old burst plus the difference. That
+// is how a sliding window takes a raised amount (its counts are
+// absolute) and how GCRA takes a raised burst (its arrival time is), and
+// it keeps Sweep's promise: a bucket full at the old burst holds the new
+// one, as a swept key made again does. (Applied when the key is next
+// touched, it gives what it would have at the raise: a bucket full
+// before it is full after.) A lowered burst clamps the tokens.
 func tokensAt(s *slot, t int64, p params) float64 {
 	switch p.alg {
 	case allot.TokenBucket:
-		if s.a >= p.burst {
+		burst := p.burst
+		if s.b < p.own { // raised since s was updated
+			burst = p.burst * (s.b / p.own) // the old burst at this share
+		}
+		if s.a >= burst {
 			return p.burst
 		}
-		return math.Min(p.burst, s.a+p.refill(t-s.t))
+		return math.Min(p.burst, math.Min(burst, s.a+p.refill(t-s.t))+(p.burst-burst))
 	case allot.GCRA:
 		debt := s.t - t
 		if debt <= 0 {
@@ -107,7 +126,7 @@ func tokensAt(s *slot, t int64, p params) float64 {
 func setTokens(s *slot, t int64, tok float64, p params) {
 	switch p.alg {
 	case allot.TokenBucket:
-		s.t, s.a = t, tok
+		s.t, s.a, s.b = t, tok, p.own
 	case allot.GCRA:
 		s.t, s.b = t+p.wait(p.burst-tok), bitsOf(t)
 	}

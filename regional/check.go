@@ -337,9 +337,12 @@ func (e *Engine) adhocKey(ls *limitState, d allot.Descriptor) uint64 {
 // the numbers.
 func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatus, o op) {
 	// Make room first: an eviction may move or drop slots, so no slot is
-	// held across it, nor across an insert, which may grow a shard.
-	for _, w := range ws {
-		if sh := &t.shards[shardOf(w.key)]; !w.skip && sh.n >= sh.max && sh.find(w.key) < 0 {
+	// held across it, nor across an insert, which may grow a shard. A
+	// work that leaves an absent key fresh (readOnly) neither makes room
+	// nor inserts.
+	for i := range ws {
+		w := &ws[i]
+		if sh := &t.shards[shardOf(w.key)]; !w.skip && sh.n >= sh.max && sh.find(w.key) < 0 && !t.readOnly(w, o) {
 			sh.makeRoom(now)
 		}
 	}
@@ -354,6 +357,9 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		w.p = base.scaled(hist.forCheck(base, now))
 		ss, stale := t.sharedWork(w, base, hist.current(), now) // shared mode (shared.go)
 		idx, created := sh.find(w.key), false
+		if idx < 0 && t.readOnly(w, o) {
+			continue // decided on a fresh state (slotOf)
+		}
 		if idx < 0 {
 			idx, created = sh.insert(w.key), true
 			fresh(&sh.slots[idx], now, w.p)
@@ -364,9 +370,17 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 			t.inject(sh, idx, w, ss, items, now, created, stale)
 		}
 	}
+	// slotOf is a work's slot; a key left absent (readOnly) is read from
+	// a fresh state in scratch, which is used before the next call.
+	var scratch slot
 	slotOf := func(w *work) *slot {
 		sh := &t.shards[shardOf(w.key)]
-		return &sh.slots[sh.find(w.key)]
+		if i := sh.find(w.key); i >= 0 {
+			return &sh.slots[i]
+		}
+		scratch = slot{key: w.key}
+		fresh(&scratch, now, w.p)
+		return &scratch
 	}
 
 	switch o {
@@ -433,11 +447,36 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 	}
 }
 
+// readOnly reports whether w leaves its key as a fresh key would be if
+// the key is absent: it charges nothing (a zero-hit check or charge) or
+// it refunds (a fresh key is full already). Such a key is decided on a
+// fresh state and not made, so that asking about keys, or refunding to
+// them, costs no memory and evicts no key. A shared-mode key whose counts
+// this region holds (its own collected, the peers', the instances') is
+// not fresh: it is made, and inject puts them in. The caller holds the
+// key's shard lock.
+func (t *table) readOnly(w *work, o op) bool {
+	if w.cost != 0 && o != opRefund {
+		return false
+	}
+	ss := w.ls.shares.sync.Load()
+	if ss == nil || !ss.shared || ss.ps.table != t {
+		return true
+	}
+	sk := ss.ps.side[shardOf(w.key)].shared[w.key]
+	return sk == nil || sk.ss != ss
+}
+
 // count adds a decided work to its shard's demand: to its limit, and to
 // its key when the key is hot (rejected here, or left with a tenth of its
-// burst or less) or already counted as hot. The caller holds the shard's
-// lock.
+// burst or less) or already counted as hot. A work that charges nothing
+// (a zero-hit check: a status, a gateway's probe) is no traffic: it
+// counts nothing, marks no key hot and asks no loan. The caller holds
+// the shard's lock.
 func (t *table) count(items []Item, w *work, st *allot.LimitStatus, admitted bool) {
+	if w.cost == 0 {
+		return
+	}
 	t.noteRejected(items, w, st) // it may borrow (borrow.go)
 	id := w.ls.shares.id
 	if id < 0 {

@@ -286,6 +286,7 @@ func baseParams(l *allot.Limit, eff allot.Effective) params {
 	if p.alg == allot.SlidingWindow {
 		p.burst = p.amount
 	}
+	p.own = p.burst
 	return p
 }
 

@@ -364,9 +364,14 @@ func TestReloadKeepsState(t *testing.T) {
 	if err := e.Check(t0, "api", user("1"), 10, &dec); err != nil || !dec.Allowed {
 		t.Fatal(err)
 	}
+	// The burst goes from 10 to 20: the raise is there at once, and the
+	// 10 spent stay spent (TestRaisedBurst): 10 left, not 20.
 	e.SetConfig(mustConfig(t, "domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 20/s}\n"))
-	if err := e.Check(t0, "api", user("1"), 1, &dec); err != nil || dec.Allowed {
-		t.Fatalf("after reload: allowed=%v err=%v, want the spent bucket kept", dec.Allowed, err)
+	if err := e.Check(t0, "api", user("1"), 11, &dec); err != nil || dec.Allowed || dec.Statuses[0].Remaining != 10 {
+		t.Fatalf("after reload: allowed=%v statuses=%+v err=%v, want the spent bucket kept (10 left)", dec.Allowed, dec.Statuses, err)
+	}
+	if err := e.Check(t0, "api", user("1"), 10, &dec); err != nil || !dec.Allowed {
+		t.Fatalf("after reload: allowed=%v err=%v, want the 10 of the raise", dec.Allowed, err)
 	}
 	if err := e.Check(t0.Add(ms(50)), "api", user("1"), 1, &dec); err != nil || !dec.Allowed {
 		t.Fatalf("after reload at +50ms: allowed=%v err=%v, want the new rate of 20/s", dec.Allowed, err)
