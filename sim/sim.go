@@ -374,7 +374,7 @@ func (w *world) buildAllot(cfg *allot.Config) error {
 				return err
 			}
 			in.n = nd
-			if err := nd.Link(); err != nil { // an instance holds nothing until granted
+			if err := nd.Link(w.clock(r)); err != nil { // an instance holds nothing until granted
 				return err
 			}
 			w.track(in)

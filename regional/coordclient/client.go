@@ -162,7 +162,7 @@ func (c *Client) Instance() string { return c.opts.Instance }
 // coordinator grants it a part (node.Node.Link). Call it before the
 // region serves traffic, then Run.
 func (c *Client) Start(ctx context.Context) error {
-	if err := c.node.Link(); err != nil {
+	if err := c.node.Link(c.opts.Now()); err != nil {
 		return err
 	}
 	for _, d := range c.node.Domains() {

@@ -12,7 +12,7 @@
 // runs one Node per instance on a virtual clock.
 //
 //	n, _ := node.New(node.Options{Region: "us-east", Instance: id, Engine: e, Counts: redisStore})
-//	n.Link() // every coordinated share is 0 until granted
+//	n.Link(now) // every coordinated share is 0 until granted
 //	// on every (re)connect to a domain's coordinator:
 //	hello, weights, _ := n.Connect("api") // send them first
 //	// for every assignment received:

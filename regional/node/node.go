@@ -68,7 +68,7 @@ func (n *Node) Instance() string { return n.id }
 // first full grant, and so is every limit a later configuration adds (a
 // domain that does not list the region is enforced whole). Call it once,
 // before the instance serves traffic.
-func (n *Node) Link() error {
+func (n *Node) Link(now time.Time) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.links != nil {
@@ -91,7 +91,7 @@ func (n *Node) Link() error {
 			return err
 		}
 		n.links[d.Name] = x
-		_, err = n.set(time.Time{}, d.Name, x.Shares()) // every share to 0
+		_, err = n.set(now, d.Name, x.Shares()) // every share to 0
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -64,7 +64,7 @@ func TestNodeHoldsNothingUntilGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := newNode(t, cfg, "us-1", nil)
-	if err := n.Link(); err != nil {
+	if err := n.Link(t0); err != nil {
 		t.Fatal(err)
 	}
 	if got := admitted(t, n.Engine(), start, 10); got != 0 {
@@ -119,7 +119,7 @@ func TestNodeHoldsNothingUntilGranted(t *testing.T) {
 func TestNodeReportsStayOrdered(t *testing.T) {
 	cfg := parse(t, cfgText)
 	n := newNode(t, cfg, "us-1", nil)
-	if err := n.Link(); err != nil {
+	if err := n.Link(t0); err != nil {
 		t.Fatal(err)
 	}
 	admitted(t, n.Engine(), t0, 3)
