@@ -38,7 +38,7 @@ func TestRegionalAdvertise(t *testing.T) {
 		YAML: "domain: api\nregions: [test]\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 10/s}\n"}); err != nil {
 		t.Fatal(err)
 	}
-	startAllot(t, buildAllot(t), "regional", "--etcd", client, "--region", "test", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+	startAllot(t, buildAllot(t), "regional", "--insecure", "--etcd", client, "--region", "test", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--advertise", "10.1.2.3:8081", "--advertise-http", "10.1.2.3:8080")
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		rs, err := store.Regions(t.Context())

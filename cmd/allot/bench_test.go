@@ -42,7 +42,7 @@ limits:
 		go gs.Serve(l)
 		t.Cleanup(gs.Stop)
 		var stdout bytes.Buffer
-		args := append([]string{"--target", l.Addr().String(), "--duration", "1s", "--keys", "20"}, load...)
+		args := append([]string{"--insecure", "--target", l.Addr().String(), "--duration", "1s", "--keys", "20"}, load...)
 		if err := run(t.Context(), append([]string{"bench"}, args...), &stdout, io.Discard); err != nil {
 			t.Fatalf("allot bench %q: %v", args, err)
 		}

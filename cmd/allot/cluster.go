@@ -21,6 +21,10 @@ one redis-server per region, coordinators, and enforcer instances per region
 linked to their region's Redis, to etcd, to the coordinators and to the other
 regions. Logs, pid files and the state (cluster.json) go to --dir.
 
+Every link runs mutual TLS: up makes a throwaway CA and a certificate per
+process in --dir/tls, and one for an operator (tls/operator.crt) that
+allotctl and curl use. up --insecure runs plain text on loopback instead.
+
   up       start the cluster and return once every process is ready
   down     stop it: SIGTERM, then SIGKILL after --grace
   status   what runs, where, whether it answers, and who leads each domain
@@ -52,6 +56,7 @@ func runClusterUp(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		regionalArgs = fs.String("regional-args", "", "extra flags for every enforcer, space-separated (e.g. \"--store-timeout 20ms\")")
 		coordArgs    = fs.String("coordinator-args", "", "extra flags for every coordinator, space-separated (e.g. \"--rebalance-period 1s\")")
 		timeout      = fs.Duration("timeout", local.DefaultStartTimeout, "how long each process may take to be ready")
+		insecure     = fs.Bool("insecure", false, "plain text on loopback instead of mutual TLS on every link")
 	)
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
@@ -63,7 +68,7 @@ func runClusterUp(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		Dir: *dir, BasePort: *base, Config: *config, Regions: splitList(*regions), Instances: *instances,
 		Coordinators: *coordinators, EtcdBinary: *etcdBin, RedisBinary: *redisBin,
 		RegionalArgs: strings.Fields(*regionalArgs), CoordinatorArgs: strings.Fields(*coordArgs),
-		Detach: true, StartTimeout: *timeout, Log: stdout,
+		Detach: true, StartTimeout: *timeout, Log: stdout, Insecure: *insecure,
 	})
 	if err != nil {
 		return err
@@ -77,11 +82,28 @@ func runClusterUp(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	printLocalCluster(ctx, stdout, c)
 	first := c.ByRole(local.Regional, "")[0]
 	coord := c.ByRole(local.Coordinator, "")[0]
-	fmt.Fprintf(stdout, "\nTry it:\n")
-	fmt.Fprintf(stdout, "  curl -s -X POST http://%s/v1/check -H 'Content-Type: application/json' -d '{\"domain\":\"api\",\"descriptors\":[{\"user\":\"42\"}]}'\n", first.HTTP)
-	fmt.Fprintf(stdout, "  go run ./cmd/allotctl status --addr %s\n", coord.Addr)
-	fmt.Fprintf(stdout, "  allot cluster status --dir %s;  allot cluster down --dir %s\n", *dir, *dir)
+	printTryCluster(stdout, c, first, coord, *dir)
 	return nil
+}
+
+// printTryCluster prints how to reach the cluster: with TLS, allotctl's
+// environment and curl's flags name the operator's certificate.
+func printTryCluster(w io.Writer, c *local.Cluster, first, coord *local.Proc, dir string) {
+	body := `-H 'Content-Type: application/json' -d '{"domain":"api","descriptors":[{"user":"42"}]}'`
+	if c.Opts.Insecure {
+		fmt.Fprintf(w, "\ntransport: plain text, on loopback only (--insecure)\n\nTry it:\n")
+		fmt.Fprintf(w, "  curl -s -X POST http://%s/v1/check %s\n", first.HTTP, body)
+		fmt.Fprintf(w, "  go run ./cmd/allotctl status --insecure --addr %s\n", coord.Addr)
+	} else {
+		op := c.Files("operator")
+		fmt.Fprintf(w, "\ntransport: mutual TLS on every link; a throwaway CA and the certificates in %s\n", c.TLSDir())
+		fmt.Fprintf(w, "\nPoint allotctl at it (the operator's certificate, %s):\n", local.Operator)
+		fmt.Fprintf(w, "  export ALLOT_TLS_CA=%s ALLOT_TLS_CERT=%s ALLOT_TLS_KEY=%s\n", op.CA, op.Cert, op.Key)
+		fmt.Fprintf(w, "\nTry it:\n")
+		fmt.Fprintf(w, "  curl -s --cacert %s -X POST https://%s/v1/check %s\n", op.CA, first.HTTP, body)
+		fmt.Fprintf(w, "  go run ./cmd/allotctl status --addr %s\n", coord.Addr)
+	}
+	fmt.Fprintf(w, "  allot cluster status --dir %s;  allot cluster down --dir %s\n", dir, dir)
 }
 
 func runClusterDown(_ context.Context, args []string, stdout, stderr io.Writer) error {

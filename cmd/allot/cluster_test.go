@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +48,7 @@ func TestClusterUpStatusDown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cluster up: %v\n%s", err, out)
 	}
+	upOut := out
 	for _, s := range []string{"12 processes up", "us-east-1", "ap-south-2", "redis-eu-west", "coordinator-2", "leaders: api: coordinator-"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("cluster up printed no %q:\n%s", s, out)
@@ -70,14 +72,39 @@ func TestClusterUpStatusDown(t *testing.T) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatal(err)
 	}
-	var http string
+	var addr string
 	for _, p := range st.Procs {
 		if p.Name == "eu-west-2" {
-			http = p.HTTP
+			addr = p.HTTP
 		}
 	}
-	if code := check(t, http, "cluster"); code != 200 {
-		t.Fatalf("a check on eu-west-2: %d", code)
+	// Mutual TLS on every link: checks over HTTPS verified by the
+	// cluster's CA; plain HTTP is refused.
+	c, err := local.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.ClientTLS()
+	if err != nil || cfg == nil {
+		t.Fatalf("the cluster's TLS: %v, %v", cfg, err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	resp, err := hc.Post("https://"+addr+"/v1/check", "application/json", strings.NewReader(`{"domain":"api","descriptors":[{"user":"cluster"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a check on eu-west-2 over HTTPS: %s", resp.Status)
+	}
+	if code := check(t, addr, "cluster"); code == 200 {
+		t.Fatal("a plain-text check on eu-west-2 was answered")
+	}
+	op := c.Files("operator")
+	for _, s := range []string{"transport: mutual TLS on every link", "ALLOT_TLS_CERT=" + op.Cert, "ALLOT_TLS_CA=" + op.CA, "curl -s --cacert"} {
+		if !strings.Contains(upOut, s) {
+			t.Errorf("cluster up printed no %q:\n%s", s, upOut)
+		}
 	}
 
 	out, err = allot("cluster", "down", "--dir", dir)

@@ -71,7 +71,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	if etcdTLS == nil {
-		if err := sec.dial("--etcd", splitList(f.etcd)...); err != nil {
+		if err := sec.plainLink("--etcd", splitList(f.etcd)...); err != nil {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}

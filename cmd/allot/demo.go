@@ -42,7 +42,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	names := splitList(f.regions)
 	// The dashboard's port first: a taken one fails before etcd starts.
 	if !f.tls.Enabled() {
-		if err := (security{insecure: f.tls.Insecure}).plain("dashboard http", *dashAddr, tlsx.ListenRule); err != nil {
+		// Plain text, as allot dev chooses it without TLS flags: loopback only.
+		if err := (security{insecure: true}).plain("dashboard http", *dashAddr, tlsx.ListenRule); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/internal/tlsx"
 )
 
 // devFlags are allot dev's flags; allot demo has them too.
@@ -110,6 +111,17 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	sec, err := f.tls.load(log)
 	if err != nil {
 		return nil, fmt.Errorf("dev: %w", err)
+	}
+	if sec.src == nil {
+		// One command: without TLS flags, allot dev (and demo) choose
+		// plain text themselves, as --insecure would: every listener and
+		// link must then be on loopback, which the defaults are.
+		sec.insecure = true
+	}
+	// The embedded etcd serves plain text, also beside TLS: its clients
+	// are this process and allotctl on this host.
+	if !tlsx.IsLoopback(f.etcdAddr) {
+		return nil, fmt.Errorf("dev: --etcd-addr %s: the embedded etcd serves plain text, on loopback only", f.etcdAddr)
 	}
 	c := &devCluster{log: log, dataDir: f.dataDir, sec: sec}
 	defer func() {
@@ -375,12 +387,16 @@ func printCluster(w io.Writer, name string, c *devCluster) {
 	if c.coordAdvertise != "" {
 		fmt.Fprintf(w, "  coordinator      gRPC %-16s domains %v, shares rebalanced from demand\n", c.coordAdvertise, c.coordinated)
 	}
-	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (--addr %s)\n", c.adminAddr, c.adminAddr)
+	ctlFlags := "--addr " + c.adminAddr
+	if c.sec.src == nil {
+		ctlFlags = "--insecure " + ctlFlags // allotctl's plain text is explicit too
+	}
+	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (%s)\n", c.adminAddr, ctlFlags)
 	fmt.Fprintf(w, "  etcd (embedded)  %s\n", c.etcd)
 	if c.sec.src != nil {
 		fmt.Fprintf(w, "  transport        TLS from %s; Peer, Coordinator and Admin require client certificates\n", c.sec.src.Files().Cert)
 	} else {
-		fmt.Fprintf(w, "  transport        plain text, on loopback only: --tls-cert, --tls-key and --tls-ca serve TLS\n")
+		fmt.Fprintf(w, "  transport        plain text, on loopback only (no --insecure needed here; other addresses are refused): --tls-cert, --tls-key and --tls-ca serve TLS\n")
 	}
 }
 

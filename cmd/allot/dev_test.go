@@ -223,7 +223,7 @@ func TestRegionOnceInLogLines(t *testing.T) {
 	var out, errs demoOutput
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"regional", "--config", cfg, "--region", "us-east", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		done <- run(ctx, []string{"regional", "--insecure", "--config", cfg, "--region", "us-east", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 			"--log-level", "debug"}, &out, &errs)
 	}()
 	defer func() {

@@ -67,7 +67,7 @@ func TestRegionalProcessReloadAndShutdown(t *testing.T) {
 		}
 	}
 	write("domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 3/1h}\n")
-	cmd, addr := startAllot(t, bin, "regional", "--config", cfg, "--region", "test", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	cmd, addr := startAllot(t, bin, "regional", "--insecure", "--config", cfg, "--region", "test", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
 
 	if got := admitted(t, addr, "a", 5); got != 3 {
 		t.Fatalf("admitted %d of 5, want 3", got)

@@ -34,6 +34,11 @@ func runEtcd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := sec.plain("client", *client, tlsx.ListenRule); err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
+	// The peer listener is plain text whatever the flags: a single member
+	// has no peer, and it listens on loopback only.
+	if !tlsx.IsLoopback(*peer) {
+		return fmt.Errorf("etcd: --peer-addr %s: the peer listener serves plain text, on loopback only", *peer)
+	}
 	files := etcdstore.EmbeddedTLS{CertFile: tlsf.Cert, KeyFile: tlsf.Key, CAFile: tlsf.CA}
 	e, err := etcdstore.StartEmbeddedTLS(*dataDir, sec.scheme()+"://"+*client, "http://"+*peer, files)
 	if err != nil {

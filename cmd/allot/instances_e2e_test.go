@@ -34,12 +34,12 @@ func TestLocalLimitWithSeveralInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, etcdAddr := startProcess(t, bin, regexp.MustCompile(`clients on http://(\S+)`),
-		"etcd", "--data-dir", filepath.Join(dir, "etcd"), "--client-addr", loopbackAddr(t), "--peer-addr", loopbackAddr(t))
+		"etcd", "--insecure", "--data-dir", filepath.Join(dir, "etcd"), "--client-addr", loopbackAddr(t), "--peer-addr", loopbackAddr(t))
 	_, coord := startProcess(t, bin, regexp.MustCompile(`serving gRPC (\S+)`),
-		"coordinator", "--etcd", etcdAddr, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--rebalance-period", "500ms")
+		"coordinator", "--insecure", "--etcd", etcdAddr, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--rebalance-period", "500ms")
 	var addrs []string
 	for _, region := range []string{"us-east", "us-east", "eu-west"} {
-		_, addr := startAllot(t, bin, "regional", "--config", cfg, "--region", region, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		_, addr := startAllot(t, bin, "regional", "--insecure", "--config", cfg, "--region", region, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 			"--coordinator", coord, "--etcd", etcdAddr, "--report-interval", "200ms")
 		addrs = append(addrs, addr)
 	}
@@ -154,12 +154,12 @@ func TestRestartedInstanceStartsTheWindowWithNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, etcdAddr := startProcess(t, bin, regexp.MustCompile(`clients on http://(\S+)`),
-		"etcd", "--data-dir", filepath.Join(dir, "etcd"), "--client-addr", loopbackAddr(t), "--peer-addr", loopbackAddr(t))
+		"etcd", "--insecure", "--data-dir", filepath.Join(dir, "etcd"), "--client-addr", loopbackAddr(t), "--peer-addr", loopbackAddr(t))
 	_, coord := startProcess(t, bin, regexp.MustCompile(`serving gRPC (\S+)`),
-		"coordinator", "--etcd", etcdAddr, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"coordinator", "--insecure", "--etcd", etcdAddr, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--rebalance-period", "500ms", "--grant-ttl", "2s")
 	regional := func() (*exec.Cmd, string) {
-		cmd, addr := startAllot(t, bin, "regional", "--config", cfg, "--region", "us-east", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		cmd, addr := startAllot(t, bin, "regional", "--insecure", "--config", cfg, "--region", "us-east", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 			"--coordinator", coord, "--etcd", etcdAddr, "--report-interval", "200ms")
 		deadline := time.Now().Add(30 * time.Second)
 		for !ready(addr) {

@@ -29,6 +29,7 @@ import (
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/internal/tlsx"
 	"github.com/allot-dev/allot/regional"
 	"github.com/allot-dev/allot/regional/configwatch"
 	"github.com/allot-dev/allot/regional/coordclient"
@@ -240,7 +241,11 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		return nil, err
 	}
 	stopRS = func(stop func()) func() { return func() { stop(); closeCounts() } }(stopRS)
-	inode, err := node.New(node.Options{Region: spec.name, Instance: cmp.Or(spec.instance, coordclient.NewInstanceID()), Engine: engine, Counts: counts})
+	instance, err := certInstance(spec.sec.src, spec.name, spec.instance)
+	if err != nil {
+		return nil, err
+	}
+	inode, err := node.New(node.Options{Region: spec.name, Instance: cmp.Or(instance, coordclient.NewInstanceID()), Engine: engine, Counts: counts})
 	if err != nil {
 		return nil, err
 	}
@@ -515,4 +520,24 @@ func offsetAddr(addr string, d int) (string, error) {
 		return addr, nil
 	}
 	return net.JoinHostPort(host, strconv.Itoa(p+d)), nil
+}
+
+// certInstance is the instance of an enforcer of region whose certificate
+// (src; nil: plain text) names it: the coordinator and the peers refuse a
+// stream whose hello names another region or instance. --instance, when
+// given, must be the certificate's; without TLS it is instance as given.
+func certInstance(src *tlsx.Source, region, instance string) (string, error) {
+	if src == nil {
+		return instance, nil
+	}
+	id, err := src.Identity()
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("region %s: the TLS certificate names no enforcer (spiffe://allot/region/%s/instance/ID): %w", region, region, err)
+	case id.Region != region || id.Instance == "":
+		return "", fmt.Errorf("region %s: the TLS certificate %s is not an enforcer instance of %s (spiffe://allot/region/%s/instance/ID)", region, id.URI, region, region)
+	case instance != "" && instance != id.Instance:
+		return "", fmt.Errorf("region %s: --instance %s, but the TLS certificate names instance %s", region, instance, id.Instance)
+	}
+	return id.Instance, nil
 }

@@ -22,7 +22,7 @@ func TestRegionalInstancesShareRedis(t *testing.T) {
 	}
 	var addrs []string
 	for range 2 {
-		_, addr := startAllot(t, bin, "regional", "--config", cfg, "--region", "test", "--grpc-addr", "127.0.0.1:0",
+		_, addr := startAllot(t, bin, "regional", "--insecure", "--config", cfg, "--region", "test", "--grpc-addr", "127.0.0.1:0",
 			"--http-addr", "127.0.0.1:0", "--redis", srv.Addr, "--store-timeout", "1s")
 		addrs = append(addrs, addr)
 	}

@@ -100,6 +100,22 @@ func (s security) listen(what, addr string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
+// plainLink checks the addresses of a link to etcd or Redis that has no
+// TLS of its own: a process without TLS follows the rule of its other
+// links (--insecure, loopback only); a process with TLS needs no flag for
+// it but reaches only loopback addresses in plain text (tlsx.LinkRule).
+func (s security) plainLink(what string, addrs ...string) error {
+	if s.src == nil {
+		return s.dial(what, addrs...)
+	}
+	for _, a := range addrs {
+		if err := tlsx.LinkRule(what, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // dial checks the plain-text rule for the addresses of a link.
 func (s security) dial(what string, addrs ...string) error {
 	for _, a := range addrs {
@@ -194,14 +210,21 @@ func (f *regionFlags) regionLinks(log *slog.Logger, peers map[string]string) (li
 	for _, p := range peers {
 		plain["--peers"] = append(plain["--peers"], p)
 	}
-	if l.etcd == nil {
-		plain["--etcd"] = splitList(f.etcd)
-	}
-	if l.redis == nil {
-		plain["--redis"] = splitList(f.redis)
-	}
 	for what, addrs := range plain {
 		if err := l.dial(what, addrs...); err != nil {
+			return l, fmt.Errorf("regional: %w", err)
+		}
+	}
+	// etcd and Redis without their own TLS flags: loopback only.
+	side := map[string][]string{}
+	if l.etcd == nil {
+		side["--etcd"] = splitList(f.etcd)
+	}
+	if l.redis == nil {
+		side["--redis"] = splitList(f.redis)
+	}
+	for what, addrs := range side {
+		if err := l.plainLink(what, addrs...); err != nil {
 			return l, fmt.Errorf("regional: %w", err)
 		}
 	}

@@ -81,7 +81,7 @@ func TestFleetOverTLS(t *testing.T) {
 		f := issue(region, "spiffe://allot/region/"+region+"/instance/i1")
 		other := 1 - i
 		_, addr := startProcess(t, bin, regexp.MustCompile(`HTTP\s+https://(\S+)`), append(append([]string{
-			"regional", "--region", region, "--grpc-addr", grpcAddrs[i], "--http-addr", "127.0.0.1:0",
+			"regional", "--region", region, "--instance", "i1", "--grpc-addr", grpcAddrs[i], "--http-addr", "127.0.0.1:0",
 			"--peers", regions[other] + "=" + grpcAddrs[other],
 			"--coordinator", coord, "--etcd", etcdAddr, "--report-interval", "200ms"},
 			tlsArgs("", f)...), tlsArgs("etcd-", f)...)...)
@@ -228,8 +228,11 @@ func TestFleetOverTLS(t *testing.T) {
 	t.Logf("us-east served certificate %s → %s after %d calls, none failed", before, want, calls)
 }
 
-// TestPlaintextAndTLSFlags: --insecure is refused on an address that is
-// not a loopback one, for listeners and for links; a server's TLS needs
+// TestPlaintextAndTLSFlags: plain text needs --insecure (tlsx.RequireInsecure),
+// which is refused on an address that is not a loopback one, for
+// listeners and for links; a process with TLS reaches etcd or Redis
+// without their TLS flags on loopback only; allot dev and demo choose
+// plain text themselves, on loopback only; a server's TLS needs
 // certificate, key and CA; --insecure and --tls-* are exclusive.
 func TestPlaintextAndTLSFlags(t *testing.T) {
 	pki := testpki.New(t)
@@ -250,6 +253,16 @@ func TestPlaintextAndTLSFlags(t *testing.T) {
 		{[]string{"coordinator", "--etcd", "10.0.0.1:2379", "--insecure"}, "--etcd 10.0.0.1:2379: --insecure is only allowed on loopback addresses"},
 		{[]string{"etcd", "--client-addr", "0.0.0.0:2379", "--insecure", "--data-dir", t.TempDir()}, "client listen address 0.0.0.0:2379: --insecure is only allowed"},
 		{[]string{"etcd", "--tls-cert", f.Cert, "--tls-key", f.Key, "--data-dir", t.TempDir()}, "go together on a server"},
+		{region, "grpc listen address 127.0.0.1:0: plain text needs --insecure"},
+		{append(region, "--peers", "eu-west=127.0.0.1:1"), "--peers 127.0.0.1:1: plain text needs --insecure"},
+		{[]string{"coordinator", "--etcd", "127.0.0.1:2379"}, "--etcd 127.0.0.1:2379: plain text needs --insecure"},
+		{[]string{"etcd", "--data-dir", t.TempDir()}, "client listen address 127.0.0.1:2379: plain text needs --insecure"},
+		{[]string{"etcd", "--insecure", "--peer-addr", "0.0.0.0:2380", "--data-dir", t.TempDir()}, "--peer-addr 0.0.0.0:2380: the peer listener serves plain text, on loopback only"},
+		{append(region, "--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--redis", "10.0.0.7:6379"), "--redis 10.0.0.7:6379: a link without TLS is only allowed to a loopback address"},
+		{[]string{"coordinator", "--etcd", "10.0.0.1:2379", "--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA}, "--etcd 10.0.0.1:2379: a link without TLS is only allowed"},
+		{[]string{"dev", "--grpc-addr", "0.0.0.0:0", "--http-addr", "127.0.0.1:0", "--coordinator-addr", "127.0.0.1:0", "--etcd-addr", "127.0.0.1:0"}, "--insecure is only allowed on loopback addresses"},
+		{[]string{"dev", "--etcd-addr", "0.0.0.0:0"}, "--etcd-addr 0.0.0.0:0: the embedded etcd serves plain text, on loopback only"},
+		{[]string{"demo", "--dashboard-addr", "0.0.0.0:0"}, "dashboard http listen address 0.0.0.0:0: --insecure is only allowed"},
 	} {
 		err := run(t.Context(), c.args, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -288,7 +301,7 @@ func TestRegionalRedisOverTLSAndACL(t *testing.T) {
 	bin := buildAllot(t)
 	var addrs []string
 	for range 2 {
-		_, addr := startAllot(t, bin, "regional", "--config", cfg, "--region", "test", "--grpc-addr", "127.0.0.1:0",
+		_, addr := startAllot(t, bin, "regional", "--insecure", "--config", cfg, "--region", "test", "--grpc-addr", "127.0.0.1:0",
 			"--http-addr", "127.0.0.1:0", "--redis", srv.Addr, "--store-timeout", "1s",
 			"--redis-tls-cert", enforcer.Cert, "--redis-tls-key", enforcer.Key, "--redis-tls-ca", enforcer.CA,
 			"--redis-user", "allot", "--redis-password-file", pw)

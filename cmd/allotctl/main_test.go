@@ -106,6 +106,7 @@ func TestLimitsValidate(t *testing.T) {
 }
 
 func TestCommands(t *testing.T) {
+	t.Setenv("ALLOT_INSECURE", "1") // its servers are plain text, on loopback
 	f := fleettest.Start(t, limitsYAML, "us-east", "eu-west", "ap-south")
 	addr := []string{"--addr", f.Admin}
 	cmd := func(args ...string) []string { return append(args, addr...) }
@@ -181,6 +182,7 @@ func TestCommands(t *testing.T) {
 // TestStatusHotKeys measures `allotctl status` with 10,000 hot keys: that
 // many share records in etcd, and keys near their limit in every engine.
 func TestStatusHotKeys(t *testing.T) {
+	t.Setenv("ALLOT_INSECURE", "1") // its servers are plain text, on loopback
 	const hot = 10_000
 	f := fleettest.Start(t, limitsYAML, "us-east", "eu-west", "ap-south")
 	ctx := t.Context()
@@ -224,6 +226,7 @@ func TestStatusHotKeys(t *testing.T) {
 
 // TestBinary runs allotctl built as a binary once.
 func TestBinary(t *testing.T) {
+	t.Setenv("ALLOT_INSECURE", "1") // its servers are plain text, on loopback
 	bin := filepath.Join(t.TempDir(), "allotctl")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -363,6 +366,7 @@ func TestHelp(t *testing.T) {
 // later one wins. Against an address where nothing listens, the error is
 // a connection error naming it.
 func TestGlobalFlags(t *testing.T) {
+	t.Setenv("ALLOT_INSECURE", "1") // its servers are plain text, on loopback
 	addr, other := deadAddr(t), deadAddr(t)
 	t.Setenv("ALLOT_ADDR", other)
 	for _, args := range [][]string{

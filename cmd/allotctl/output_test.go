@@ -55,6 +55,7 @@ func serveFakeAdmin(t *testing.T) string {
 // TestJSONOutputNumbers: -o json writes integers as JSON numbers and
 // shares rounded to 4 decimals; durations keep the proto3 mapping.
 func TestJSONOutputNumbers(t *testing.T) {
+	t.Setenv("ALLOT_INSECURE", "1") // the fake serves plain text, on loopback
 	addr := serveFakeAdmin(t)
 	out := mustCtl(t, []string{"--addr", addr, "-o", "json", "usage", "--domain", "api", "--key", "user=42"})
 	var usage struct {

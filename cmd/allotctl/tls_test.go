@@ -64,7 +64,8 @@ func TestTLS(t *testing.T) {
 		want string
 	}{
 		{[]string{"status", "--addr", addr, "--tls-ca", alice.CA}, "unreachable"},
-		{[]string{"status", "--addr", addr}, "unreachable"},
+		{[]string{"status", "--addr", addr}, "plain text needs --insecure"},
+		{[]string{"status", "--addr", addr, "--insecure"}, "unreachable"},
 		{[]string{"status", "--addr", addr, "--tls-cert", alice.Cert}, "--tls-cert and --tls-key go together"},
 		{[]string{"status", "--addr", addr, "--insecure", "--tls-ca", alice.CA}, "exclusive"},
 		{[]string{"status", "--addr", "192.0.2.1:8070", "--insecure"}, "--insecure is only allowed on loopback addresses"},

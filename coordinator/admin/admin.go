@@ -21,6 +21,7 @@ import (
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
+	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -35,6 +36,9 @@ var (
 	// ErrStale is returned when expect_version is not the current version
 	// (ABORTED).
 	ErrStale = errors.New("admin: not the current version")
+	// ErrNotOperator is returned for a write over TLS whose caller's
+	// certificate names no operator (PERMISSION_DENIED).
+	ErrNotOperator = errors.New("admin: only an operator's certificate may change the fleet")
 )
 
 // Defaults of Options.
@@ -107,6 +111,8 @@ func grpcError(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, etcdstore.ErrNoConfig):
 		code = codes.FailedPrecondition
+	case errors.Is(err, ErrNotOperator):
+		code = codes.PermissionDenied
 	case errors.Is(err, ErrStale), errors.Is(err, etcdstore.ErrConflict):
 		code = codes.Aborted
 	case errors.Is(err, context.DeadlineExceeded):
@@ -117,15 +123,29 @@ func grpcError(err error) error {
 	return status.Error(code, err.Error())
 }
 
-// author names who made a change: what the client says, else its address.
-func author(ctx context.Context, said string) string {
+// writer checks that a write's caller may make it and returns the author
+// to record. Over TLS only an operator may (its certificate names one:
+// spiffe://DOMAIN/operator/NAME), and the author is that NAME, whatever
+// the request says. In plain text (loopback only) anyone may, and the
+// author is what the request says, else the caller's address.
+func writer(ctx context.Context, said string) (string, error) {
+	id, secured, err := tlsx.Caller(ctx)
+	switch {
+	case !secured:
+	case err != nil:
+		return "", fmt.Errorf("%w: %w", ErrNotOperator, err)
+	case id.Operator == "":
+		return "", fmt.Errorf("%w (spiffe://DOMAIN/operator/NAME); %s is not one", ErrNotOperator, id.URI)
+	default:
+		return id.Operator, nil
+	}
 	if said != "" {
-		return said
+		return said, nil
 	}
 	if p, ok := peer.FromContext(ctx); ok {
-		return p.Addr.String()
+		return p.Addr.String(), nil
 	}
-	return "unknown"
+	return "unknown", nil
 }
 
 // current returns the fleet's state and the latest version (0: none).
@@ -236,11 +256,15 @@ func (s *Server) GetConfig(ctx context.Context, req *allotv1.GetConfigRequest) (
 
 // ApplyConfig validates a file and stores it as a new version.
 func (s *Server) ApplyConfig(ctx context.Context, req *allotv1.ApplyConfigRequest) (*allotv1.ApplyConfigResponse, error) {
+	author, err := writer(ctx, req.GetAuthor())
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	if req.GetFile() == "" {
 		req.File = "config"
 	}
 	resp, err := s.apply(ctx, change{yaml: []byte(req.GetYaml()), file: req.GetFile(), dryRun: req.GetDryRun(),
-		author: author(ctx, req.GetAuthor()), summary: req.GetSummary(), expect: req.ExpectVersion})
+		author: author, summary: req.GetSummary(), expect: req.ExpectVersion})
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -249,6 +273,10 @@ func (s *Server) ApplyConfig(ctx context.Context, req *allotv1.ApplyConfigReques
 
 // Rollback stores an earlier version's configuration as a new version.
 func (s *Server) Rollback(ctx context.Context, req *allotv1.RollbackRequest) (*allotv1.ApplyConfigResponse, error) {
+	author, err := writer(ctx, req.GetAuthor())
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	cur, err := s.store.Version(ctx, 0)
 	if err != nil {
 		return nil, grpcError(err)
@@ -265,7 +293,7 @@ func (s *Server) Rollback(ctx context.Context, req *allotv1.RollbackRequest) (*a
 		return nil, grpcError(err)
 	}
 	resp, err := s.apply(ctx, change{yaml: []byte(v.YAML), file: fmt.Sprintf("version %d", target), dryRun: req.GetDryRun(),
-		author: author(ctx, req.GetAuthor()), summary: fmt.Sprintf("rollback to version %d", target),
+		author: author, summary: fmt.Sprintf("rollback to version %d", target),
 		expect: &cur.Version, rollbackOf: target})
 	if err != nil {
 		return nil, grpcError(err)
@@ -276,6 +304,10 @@ func (s *Server) Rollback(ctx context.Context, req *allotv1.RollbackRequest) (*a
 // UpdateLimit sets one limit's shadow flag or mode in the configuration in
 // force and stores the result as a new version.
 func (s *Server) UpdateLimit(ctx context.Context, req *allotv1.UpdateLimitRequest) (*allotv1.ApplyConfigResponse, error) {
+	author, err := writer(ctx, req.GetAuthor())
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	fl, cur, err := s.current(ctx)
 	switch {
 	case err != nil:
@@ -304,7 +336,7 @@ func (s *Server) UpdateLimit(ctx context.Context, req *allotv1.UpdateLimitReques
 		summary = fmt.Sprintf("limits shadow %s %s", req.GetLimit(), strings.NewReplacer("true", "on", "false", "off").Replace(value))
 	}
 	resp, err := s.apply(ctx, change{yaml: yaml, file: fmt.Sprintf("version %d (%s/%s %s → %s)", cur.Version, domain, req.GetLimit(), field, value),
-		author: author(ctx, req.GetAuthor()), summary: summary, expect: &cur.Version})
+		author: author, summary: summary, expect: &cur.Version})
 	if err != nil {
 		return nil, grpcError(err)
 	}

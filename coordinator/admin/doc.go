@@ -16,6 +16,12 @@
 // (allot.Config.WithDynamic). Errors come back as INVALID_ARGUMENT, one
 // problem a line, FILE:LINE: FIELD: MSG.
 //
+// Over TLS only an operator's certificate (spiffe://DOMAIN/operator/NAME)
+// may write (PERMISSION_DENIED otherwise), and NAME is the author recorded
+// in the history, the override or the plan assignment, whatever the
+// request says; reads are open to every verified certificate. In plain
+// text (loopback only) the request's author is recorded, as before.
+//
 // Usage and Status fan out to every regional enforcer registered in etcd
 // (etcdstore.Store.Register), each of which serves the read-only part of
 // the same service (regional/server), and add what etcd knows: the

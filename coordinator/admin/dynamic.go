@@ -38,10 +38,13 @@ func (s *Server) fits(ctx context.Context, dyn allot.Dynamic) error {
 // the same domain, limit and match.
 func (s *Server) SetOverride(ctx context.Context, req *allotv1.SetOverrideRequest) (*allotv1.Override, error) {
 	p := req.GetOverride()
+	author, err := writer(ctx, p.GetAuthor())
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	ttl := req.GetTtl().AsDuration()
 	o := etcdstore.Override{Domain: p.GetDomain(), Override: allot.Override{Limit: p.GetLimit(), Match: match(p.GetMatch()), Multiplier: p.GetMultiplier()},
-		Reason: p.GetReason(), Author: author(ctx, p.GetAuthor()), Created: s.opts.Now().UTC()}
-	var err error
+		Reason: p.GetReason(), Author: author, Created: s.opts.Now().UTC()}
 	switch {
 	case o.Domain == "":
 		err = fmt.Errorf("%w: no domain", ErrBadRequest)
@@ -98,6 +101,10 @@ func (s *Server) ListOverrides(ctx context.Context, req *allotv1.ListOverridesRe
 
 // DeleteOverride deletes an override kept in etcd.
 func (s *Server) DeleteOverride(ctx context.Context, req *allotv1.DeleteOverrideRequest) (*allotv1.DeleteOverrideResponse, error) {
+	author, err := writer(ctx, "")
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	m := match(req.GetMatch())
 	ok, err := s.store.DeleteOverride(ctx, req.GetDomain(), req.GetLimit(), m)
 	if err == nil && !ok {
@@ -107,7 +114,7 @@ func (s *Server) DeleteOverride(ctx context.Context, req *allotv1.DeleteOverride
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	s.log.Info("override deleted", "domain", req.GetDomain(), "limit", req.GetLimit(), "match", m.String())
+	s.log.Info("override deleted", "domain", req.GetDomain(), "limit", req.GetLimit(), "match", m.String(), "author", author)
 	return &allotv1.DeleteOverrideResponse{}, nil
 }
 
@@ -121,9 +128,12 @@ func onLimit(limit string) string {
 // AssignPlan puts the requests a match selects on a plan.
 func (s *Server) AssignPlan(ctx context.Context, req *allotv1.AssignPlanRequest) (*allotv1.PlanAssignment, error) {
 	p := req.GetAssignment()
+	author, err := writer(ctx, p.GetAuthor())
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	a := etcdstore.PlanAssignment{Domain: p.GetDomain(), PlanAssignment: allot.PlanAssignment{Match: match(p.GetMatch()), Plan: p.GetPlan()},
-		Author: author(ctx, p.GetAuthor()), Created: s.opts.Now().UTC()}
-	var err error
+		Author: author, Created: s.opts.Now().UTC()}
 	switch {
 	case a.Domain == "":
 		err = fmt.Errorf("%w: no domain", ErrBadRequest)
@@ -146,6 +156,10 @@ func (s *Server) AssignPlan(ctx context.Context, req *allotv1.AssignPlanRequest)
 
 // UnassignPlan deletes a plan assignment kept in etcd.
 func (s *Server) UnassignPlan(ctx context.Context, req *allotv1.UnassignPlanRequest) (*allotv1.UnassignPlanResponse, error) {
+	author, err := writer(ctx, "")
+	if err != nil {
+		return nil, grpcError(err)
+	}
 	m := match(req.GetMatch())
 	ok, err := s.store.DeletePlanAssignment(ctx, req.GetDomain(), m)
 	if err == nil && !ok {
@@ -154,7 +168,7 @@ func (s *Server) UnassignPlan(ctx context.Context, req *allotv1.UnassignPlanRequ
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	s.log.Info("plan unassigned", "domain", req.GetDomain(), "match", m.String())
+	s.log.Info("plan unassigned", "domain", req.GetDomain(), "match", m.String(), "author", author)
 	return &allotv1.UnassignPlanResponse{}, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/allot-dev/allot/coordinator"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/wire"
+	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -239,6 +240,17 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 	if hello == nil {
 		return status.Error(codes.InvalidArgument, "the first message of a stream must be a hello")
 	}
+	// Over TLS the stream speaks for the instance its certificate names:
+	// the hello, and every later message, must name it (so that one
+	// instance cannot report or ack for another). In plain text (loopback
+	// only) there is nothing to check against.
+	id, secured, err := tlsx.Caller(stream.Context())
+	if err == nil && secured {
+		err = id.SpeaksFor(hello.GetRegion(), hello.GetInstance())
+	}
+	if err != nil {
+		return s.refuseIdentity(hello.GetDomain(), err)
+	}
 	d := s.driverOf(hello.GetDomain())
 	if d == nil {
 		return s.notLeader(stream.Context(), hello.GetDomain())
@@ -279,6 +291,12 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 				errc <- err
 				return
 			}
+			if secured {
+				if err := laterIdentity(id, m); err != nil {
+					errc <- s.refuseIdentity(d.domain, err)
+					return
+				}
+			}
 			msg, err := wire.FromRegion(d.domain, rs.region, m)
 			if err != nil {
 				s.metrics.rejected(d.domain, "malformed")
@@ -293,6 +311,33 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 		return nil
 	}
 	return err
+}
+
+// refuseIdentity counts a stream refused because its caller's certificate
+// does not name who its messages say, and returns its status.
+func (s *Server) refuseIdentity(domain string, err error) error {
+	if !slices.Contains(s.opts.Domains, domain) {
+		domain = "" // a label of the configuration's domains only
+	}
+	s.metrics.rejected(domain, "identity")
+	s.log.Debug("stream refused", "domain", domain, "reason", "identity", "err", err)
+	return status.Error(codes.PermissionDenied, err.Error())
+}
+
+// laterIdentity checks a message after the hello of a stream over TLS
+// against the caller's identity: a hello must name its region and
+// instance, a report or an ack its region (they name no instance: they
+// count for the stream's).
+func laterIdentity(id tlsx.Identity, m *allotv1.RegionMessage) error {
+	switch {
+	case m.GetHello() != nil:
+		return id.SpeaksFor(m.GetHello().GetRegion(), m.GetHello().GetInstance())
+	case m.GetReport() != nil:
+		return id.SpeaksFor(m.GetReport().GetRegion(), id.Instance)
+	case m.GetAck() != nil:
+		return id.SpeaksFor(m.GetAck().GetRegion(), id.Instance)
+	}
+	return nil
 }
 
 func (s *Server) notLeader(ctx context.Context, domain string) error {

@@ -55,7 +55,8 @@ wait_ready() {
 	exit 1
 }
 
-"$work/allot" regional --config deploy/examples/limits.yaml --region bench \
+# Plain text on loopback: every process says so with --insecure.
+"$work/allot" regional --insecure --config deploy/examples/limits.yaml --region bench \
 	--grpc-addr "$ALLOT_GRPC" --http-addr "$ALLOT_HTTP" --log-level warn >"$work/allot.log" 2>&1 &
 pids+=($!)
 wait_ready "http://$ALLOT_HTTP/readyz" $!
@@ -74,8 +75,8 @@ bench() {
 	shift
 	set -- --keys "$KEYS" --concurrency "$CONCURRENCY" --conns "$CONNS" "$@"
 	case $system in
-	allot) "$work/allot" bench --target "$ALLOT_GRPC" "$@" ;;
-	gubernator) "$work/gubernator-target" --system gubernator --target "$GUBER_GRPC" "$@" ;;
+	allot) "$work/allot" bench --insecure --target "$ALLOT_GRPC" "$@" ;;
+	gubernator) "$work/gubernator-target" --system gubernator --insecure --target "$GUBER_GRPC" "$@" ;;
 	esac
 }
 

@@ -7,6 +7,15 @@
 // so that another process (allot cluster down|status) can find and stop
 // what one started (allot cluster up).
 //
+// Every link runs mutual TLS (etcd's clients, Redis, the coordinators,
+// the peers, the Admin API): Start makes a throwaway CA in the folder
+// (tls/ca.crt) and a certificate per process named by the identity
+// convention of docs/security.md (spiffe://allot/region/R/instance/NAME,
+// spiffe://allot/coordinator/NAME), and one for an operator
+// (tls/operator.crt, spiffe://allot/operator/admin) that allotctl, the
+// probes and Store use. Options.Insecure runs plain text on loopback
+// instead (--insecure).
+//
 // It is the library behind `allot cluster` and the chaos test
 // (internal/chaos), which puts proxies between the processes with
 // Options.Dial and kills and restarts them one by one:
@@ -24,6 +33,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +56,8 @@ import (
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/internal/pki"
+	"github.com/allot-dev/allot/internal/tlsx"
 )
 
 // Defaults of Options.
@@ -115,7 +127,18 @@ type Options struct {
 	StartTimeout time.Duration
 	// Log receives one line per process started or stopped; nil discards.
 	Log io.Writer
+	// Insecure runs every process in plain text (--insecure), which the
+	// loopback addresses allow; by default every link runs mutual TLS
+	// with certificates of a CA made in Dir/tls by Start.
+	Insecure bool
 }
+
+// Operator is the identity of the cluster's operator certificate
+// (Dir/tls/operator.crt): allotctl's, and that of the probes and Store.
+const Operator = "spiffe://allot/operator/admin"
+
+// CAValidity is how long a cluster's CA and certificates are valid.
+const CAValidity = 90 * 24 * time.Hour
 
 // Proc is one process of the cluster.
 type Proc struct {
@@ -150,6 +173,9 @@ type Cluster struct {
 
 	mu     sync.Mutex // guards the Procs' Pid, Started, Life, cmd and done
 	saving sync.Mutex // serialises Save
+
+	tlsMu  sync.Mutex  // guards tlsCfg
+	tlsCfg *tls.Config // the operator's client configuration, loaded once
 }
 
 // New plans a cluster: names, ports, folders and command lines. It starts
@@ -294,18 +320,32 @@ func (c *Cluster) args(p *Proc) []string {
 	case Etcd:
 		data := filepath.Join(o.Dir, "etcd")
 		if o.EtcdBinary != "" {
-			return []string{o.EtcdBinary, "--name", "allot", "--data-dir", data,
-				"--listen-client-urls", "http://" + p.Addr, "--advertise-client-urls", "http://" + p.Addr,
+			// Its peer URL stays plain: a single member has no peer to
+			// talk to, and it listens on loopback.
+			args := []string{o.EtcdBinary, "--name", "allot", "--data-dir", data,
+				"--listen-client-urls", c.scheme() + "://" + p.Addr, "--advertise-client-urls", c.scheme() + "://" + p.Addr,
 				"--listen-peer-urls", "http://" + p.HTTP, "--initial-advertise-peer-urls", "http://" + p.HTTP,
 				"--initial-cluster", "allot=http://" + p.HTTP, "--log-level", "error"}
+			if !o.Insecure {
+				f := c.Files(p.Name)
+				args = append(args, "--cert-file", f.Cert, "--key-file", f.Key, "--trusted-ca-file", f.CA, "--client-cert-auth")
+			}
+			return args
 		}
-		return []string{c.bin(), "etcd", "--data-dir", data, "--client-addr", p.Addr, "--peer-addr", p.HTTP}
+		return append([]string{c.bin(), "etcd", "--data-dir", data, "--client-addr", p.Addr, "--peer-addr", p.HTTP}, c.tlsArgs(p, "")...)
 	case Redis:
 		_, port, _ := net.SplitHostPort(p.Addr)
-		return []string{o.RedisBinary, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", filepath.Join(o.Dir, "redis-"+p.Region), "--protected-mode", "no", "--logfile", ""}
+		args := []string{o.RedisBinary, "--port", port}
+		if !o.Insecure {
+			f := c.Files(p.Name)
+			args = []string{o.RedisBinary, "--port", "0", "--tls-port", port, "--tls-cert-file", f.Cert, "--tls-key-file", f.Key,
+				"--tls-ca-cert-file", f.CA, "--tls-auth-clients", "yes"}
+		}
+		return append(args, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", filepath.Join(o.Dir, "redis-"+p.Region), "--protected-mode", "no", "--logfile", "")
 	case Coordinator:
 		args := []string{c.bin(), "coordinator", "--etcd", o.dial(p, etcd), "--grpc-addr", p.Addr, "--http-addr", p.HTTP}
+		args = append(append(args, c.tlsArgs(p, "")...), c.tlsArgs(p, "etcd-")...)
 		return append(args, o.CoordinatorArgs...)
 	case Regional:
 		var coords, peers []string
@@ -323,15 +363,134 @@ func (c *Cluster) args(p *Proc) []string {
 			peer := c.Proc(fmt.Sprintf("%s-%d", r, (p.Index-1)%o.Instances+1))
 			peers = append(peers, r+"="+o.dial(p, peer))
 		}
-		args := []string{c.bin(), "regional", "--region", p.Region, "--etcd", o.dial(p, etcd),
+		// --instance: the instance its certificate names.
+		args := []string{c.bin(), "regional", "--region", p.Region, "--instance", p.Name, "--etcd", o.dial(p, etcd),
 			"--coordinator", strings.Join(coords, ","), "--redis", o.dial(p, c.Proc("redis-"+p.Region)),
 			"--grpc-addr", p.Addr, "--http-addr", p.HTTP}
 		if len(peers) > 0 {
 			args = append(args, "--peers", strings.Join(peers, ","))
 		}
+		args = append(append(append(args, c.tlsArgs(p, "")...), c.tlsArgs(p, "etcd-")...), c.tlsArgs(p, "redis-")...)
 		return append(args, o.RegionalArgs...)
 	}
 	return nil
+}
+
+// tlsArgs are the TLS flags of an allot process p for the flags' prefix
+// ("", "etcd-", "redis-"): its certificate and the cluster's CA, or
+// --insecure (prefix "" only) in a plain-text cluster.
+func (c *Cluster) tlsArgs(p *Proc, prefix string) []string {
+	if c.Opts.Insecure {
+		if prefix == "" {
+			return []string{"--insecure"}
+		}
+		return nil
+	}
+	f := c.Files(p.Name)
+	return []string{"--" + prefix + "tls-cert", f.Cert, "--" + prefix + "tls-key", f.Key, "--" + prefix + "tls-ca", f.CA}
+}
+
+// TLSDir is the folder of the cluster's CA and certificates.
+func (c *Cluster) TLSDir() string { return filepath.Join(c.Opts.Dir, "tls") }
+
+// Files are the certificate, key and CA files of the process (or of
+// "operator") named name; zero in a plain-text cluster.
+func (c *Cluster) Files(name string) tlsx.Files {
+	if c.Opts.Insecure {
+		return tlsx.Files{}
+	}
+	d := c.TLSDir()
+	return tlsx.Files{Cert: filepath.Join(d, name+".crt"), Key: filepath.Join(d, name+".key"), CA: filepath.Join(d, "ca.crt")}
+}
+
+// scheme is the URL scheme of the cluster's HTTP listeners and etcd.
+func (c *Cluster) scheme() string {
+	if c.Opts.Insecure {
+		return "http"
+	}
+	return "https"
+}
+
+// Scheme is the URL scheme of the cluster's HTTP listeners: https, or
+// http in a plain-text cluster.
+func (c *Cluster) Scheme() string { return c.scheme() }
+
+// ClientTLS is the client configuration of the operator's certificate
+// (it verifies the cluster's servers against its CA); nil in a
+// plain-text cluster. The files are loaded once.
+func (c *Cluster) ClientTLS() (*tls.Config, error) {
+	if c.Opts.Insecure {
+		return nil, nil
+	}
+	c.tlsMu.Lock()
+	defer c.tlsMu.Unlock()
+	if c.tlsCfg == nil {
+		src, err := tlsx.NewSource(c.Files("operator"), tlsx.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("local: the operator's certificate: %w", err)
+		}
+		c.tlsCfg = src.ClientConfig("")
+	}
+	return c.tlsCfg.Clone(), nil
+}
+
+// makePKI makes the cluster's throwaway CA and a certificate for every
+// process and for the operator, in TLSDir (keys readable by the owner
+// only). The CA's key is not kept: a new cluster up makes a new CA. The
+// certificates name loopback (127.0.0.1, ::1, localhost) and, in a URI
+// SAN, who holds them (docs/security.md).
+func (c *Cluster) makePKI() error {
+	if c.Opts.Insecure {
+		return nil
+	}
+	dir := c.TLSDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	ca, err := pki.NewCA("allot local cluster CA (throwaway)", time.Now().Add(CAValidity))
+	if err != nil {
+		return fmt.Errorf("local: make the CA: %w", err)
+	}
+	if err := pki.WriteFile(filepath.Join(dir, "ca.crt"), ca.PEM, 0o644); err != nil {
+		return err
+	}
+	issue := func(name, uri string) error {
+		l := pki.Leaf{CommonName: name, IPs: pki.Loopback}
+		if uri != "" {
+			l.URIs = []string{uri}
+		}
+		cert, key, err := ca.Sign(l)
+		if err != nil {
+			return fmt.Errorf("local: certificate of %s: %w", name, err)
+		}
+		f := c.Files(name)
+		if err := pki.WriteFile(f.Key, key, 0o600); err != nil {
+			return err
+		}
+		return pki.WriteFile(f.Cert, cert, 0o644)
+	}
+	for _, p := range c.Procs {
+		if err := issue(p.Name, Identity(p)); err != nil {
+			return err
+		}
+	}
+	c.tlsMu.Lock()
+	c.tlsCfg = nil
+	c.tlsMu.Unlock()
+	return issue("operator", Operator)
+}
+
+// Identity is the URI SAN of p's certificate: an enforcer's
+// spiffe://allot/region/REGION/instance/NAME, a coordinator's
+// spiffe://allot/coordinator/NAME; none for etcd and Redis.
+func Identity(p *Proc) string {
+	switch p.Role {
+	case Regional:
+		return "spiffe://allot/region/" + p.Region + "/instance/" + p.Name
+	case Coordinator:
+		return "spiffe://allot/coordinator/" + p.Name
+	}
+	return ""
 }
 
 // Proc returns the process named name, or nil.
@@ -377,6 +536,9 @@ func (c *Cluster) Start(ctx context.Context) error {
 		}
 	}
 	if err := c.installBin(); err != nil {
+		return err
+	}
+	if err := c.makePKI(); err != nil {
 		return err
 	}
 	if err := c.startAll(ctx, c.ByRole(Etcd, "")); err != nil {
@@ -518,7 +680,7 @@ func (c *Cluster) waitReady(ctx context.Context, p *Proc) error {
 	var err error
 	for {
 		// A probe answered by another process on p's port does not count.
-		if err = Probe(ctx, p); err == nil && c.Running(p) {
+		if err = c.Probe(ctx, p); err == nil && c.Running(p) {
 			return nil
 		}
 		if !c.Running(p) {
@@ -533,28 +695,41 @@ func (c *Cluster) waitReady(ctx context.Context, p *Proc) error {
 }
 
 // Probe checks once that p serves: etcd's /health, a Redis PING, a
-// coordinator's /healthz, an enforcer's /readyz.
-func Probe(ctx context.Context, p *Proc) error {
+// coordinator's /healthz, an enforcer's /readyz; over TLS with the
+// operator's certificate unless the cluster is plain text.
+func (c *Cluster) Probe(ctx context.Context, p *Proc) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	cfg, err := c.ClientTLS()
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfg}}
 	switch p.Role {
 	case Redis:
-		return redisPing(ctx, p.Addr)
+		return redisPing(ctx, p.Addr, cfg)
 	case Etcd:
-		return httpOK(ctx, "http://"+p.Addr+"/health")
+		return httpOK(ctx, client, c.scheme()+"://"+p.Addr+"/health")
 	case Coordinator:
-		return httpOK(ctx, "http://"+p.HTTP+"/healthz")
+		return httpOK(ctx, client, c.scheme()+"://"+p.HTTP+"/healthz")
 	case Regional:
-		return httpOK(ctx, "http://"+p.HTTP+"/readyz")
+		return httpOK(ctx, client, c.scheme()+"://"+p.HTTP+"/readyz")
 	}
 	return fmt.Errorf("local: %s: unknown role %q", p.Name, p.Role)
 }
 
 // redisPing sends PING and wants +PONG (a Redis still loading its data
-// answers -LOADING).
-func redisPing(ctx context.Context, addr string) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+// answers -LOADING); over TLS when cfg is set.
+func redisPing(ctx context.Context, addr string, cfg *tls.Config) error {
+	var conn net.Conn
+	var err error
+	if cfg != nil {
+		d := &tls.Dialer{Config: cfg}
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	} else {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return err
 	}
@@ -575,14 +750,12 @@ func redisPing(ctx context.Context, addr string) error {
 	return nil
 }
 
-var probeClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-
-func httpOK(ctx context.Context, url string) error {
+func httpOK(ctx context.Context, client *http.Client, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := probeClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -646,7 +819,11 @@ func (c *Cluster) seedConfig(ctx context.Context) error {
 // Store returns a store on the cluster's etcd and a function that closes
 // it.
 func (c *Cluster) Store() (*etcdstore.Store, func(), error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cfg, err := c.ClientTLS()
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: cfg})
 	if err != nil {
 		return nil, nil, fmt.Errorf("local: etcd %s: %w", c.Endpoint, err)
 	}
@@ -750,7 +927,7 @@ func (c *Cluster) Save() error {
 	defer c.saving.Unlock()
 	c.mu.Lock()
 	b, err := json.MarshalIndent(state{Options: stateOptions{Dir: c.Opts.Dir, Regions: c.Opts.Regions, Instances: c.Opts.Instances,
-		Coordinators: c.Opts.Coordinators, Config: c.Opts.Config}, Endpoint: c.Endpoint, Procs: c.Procs}, "", "  ")
+		Coordinators: c.Opts.Coordinators, Config: c.Opts.Config, Insecure: c.Opts.Insecure}, Endpoint: c.Endpoint, Procs: c.Procs}, "", "  ")
 	c.mu.Unlock()
 	if err != nil {
 		return err
@@ -774,6 +951,7 @@ type stateOptions struct {
 	Instances    int      `json:"instances"`
 	Coordinators int      `json:"coordinators"`
 	Config       string   `json:"config,omitempty"`
+	Insecure     bool     `json:"insecure,omitempty"` // plain text; else TLS from Dir/tls
 }
 
 // ErrNoCluster is returned by Load when the folder holds no cluster.
@@ -793,7 +971,7 @@ func Load(dir string) (*Cluster, error) {
 		return nil, fmt.Errorf("local: %s: %w", filepath.Join(dir, StateFile), err)
 	}
 	c := &Cluster{Opts: Options{Dir: st.Options.Dir, Regions: st.Options.Regions, Instances: st.Options.Instances,
-		Coordinators: st.Options.Coordinators, Config: st.Options.Config, Log: io.Discard, StartTimeout: DefaultStartTimeout},
+		Coordinators: st.Options.Coordinators, Config: st.Options.Config, Insecure: st.Options.Insecure, Log: io.Discard, StartTimeout: DefaultStartTimeout},
 		Endpoint: st.Endpoint, Procs: st.Procs}
 	return c, nil
 }
@@ -813,7 +991,7 @@ func (c *Cluster) Status(ctx context.Context) []Status {
 		wg.Go(func() {
 			out[i] = Status{Proc: p, Running: c.Running(p)}
 			if out[i].Running {
-				out[i].Health = Probe(ctx, p)
+				out[i].Health = c.Probe(ctx, p)
 			}
 		})
 	}

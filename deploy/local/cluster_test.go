@@ -1,6 +1,8 @@
 package local
 
 import (
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +50,36 @@ func TestPlanFromBasePort(t *testing.T) {
 	}
 	if args := c.Proc("etcd").Args; args[1] != "etcd" || !slices.Contains(args, filepath.Join(dir, "etcd")) {
 		t.Errorf("etcd: %v", args)
+	}
+	// Mutual TLS on every link by default: each process's certificate
+	// and the cluster's CA, for its listeners and its etcd and Redis
+	// links; the enforcer's --instance is the one its certificate names.
+	tlsd := filepath.Join(dir, "tls")
+	for _, s := range []string{"--instance eu-west-2", "--tls-cert " + tlsd + "/eu-west-2.crt", "--tls-ca " + tlsd + "/ca.crt",
+		"--etcd-tls-key " + tlsd + "/eu-west-2.key", "--redis-tls-cert " + tlsd + "/eu-west-2.crt"} {
+		if !strings.Contains(args, s) {
+			t.Errorf("eu-west-2's command line lacks %q: %s", s, args)
+		}
+	}
+	if args := strings.Join(c.Proc("redis-eu-west").Args, " "); !strings.Contains(args, "--port 0 --tls-port 7103") || !strings.Contains(args, "--tls-auth-clients yes") {
+		t.Errorf("redis-eu-west: %s", args)
+	}
+	if got := Identity(c.Proc("eu-west-2")); got != "spiffe://allot/region/eu-west/instance/eu-west-2" {
+		t.Errorf("eu-west-2's identity: %s", got)
+	}
+	if got := Identity(c.Proc("coordinator-2")); got != "spiffe://allot/coordinator/coordinator-2" {
+		t.Errorf("coordinator-2's identity: %s", got)
+	}
+	// Plain text on loopback with Insecure: --insecure, no certificates.
+	plain, err := New(Options{Dir: dir, BasePort: 7100, Bin: "/bin/allot", Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range plain.Procs {
+		args := strings.Join(p.Args, " ")
+		if strings.Contains(args, "tls") || (p.Role != Redis && !strings.Contains(args, "--insecure")) {
+			t.Errorf("%s in plain text: %s", p.Name, args)
+		}
 	}
 	if _, err := New(Options{Dir: dir, BasePort: 65530}); err == nil {
 		t.Error("a base port without room for the cluster: no error")
@@ -136,10 +168,30 @@ func TestClusterStartStop(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// Its certificates name who holds them; the processes serve TLS only.
+	b, err := os.ReadFile(filepath.Join(dir, "tls", "solo-1.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatal("solo-1.crt: no PEM")
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil || len(cert.URIs) != 1 || cert.URIs[0].String() != "spiffe://allot/region/solo/instance/solo-1" {
+		t.Fatalf("solo-1.crt: %v, %v", cert.URIs, err)
+	}
+	plain := &Cluster{Opts: loaded.Opts, Procs: loaded.Procs, Endpoint: loaded.Endpoint}
+	plain.Opts.Insecure = true
+	for _, p := range loaded.Procs {
+		if err := plain.Probe(ctx, p); err == nil {
+			t.Errorf("%s answered a plain-text probe", p.Name)
+		}
+	}
 	// A process killed and restarted comes back on its port, one life on.
 	redis := c.Proc("redis-solo")
 	c.Kill(redis)
-	if c.Running(redis) || Probe(ctx, redis) == nil {
+	if c.Running(redis) || c.Probe(ctx, redis) == nil {
 		t.Fatal("redis-solo still runs after Kill")
 	}
 	if err := c.Restart(ctx, redis); err != nil {

@@ -5,6 +5,11 @@
 // each Redis; a load client that logs every decision; a chaos schedule;
 // and a checker that reads the logs.
 //
+// Every link runs mutual TLS, as the local cluster does by default (its
+// throwaway CA and a certificate per process); the proxies pass TLS
+// through, and the load client and the scrapes present the cluster's
+// operator certificate and verify the processes against its CA.
+//
 // Run (scenario.go) drives it: the load (load.go) sends checks of a
 // split-mode exact limit, a split-mode leased limit and a shared-mode
 // limit, and LLM token reservations (Reserve, then Settle, Release, or

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -54,6 +56,8 @@ type LoadOptions struct {
 	MaxInFlight int
 	Log         *Log
 	Seed        uint64
+	// TLS verifies the targets (the cluster's CA); nil: plain text.
+	TLS *tls.Config
 }
 
 // Load sends the flows to the targets and logs every decision. Its
@@ -73,6 +77,7 @@ type Load struct {
 
 type target struct {
 	Target
+	tls       *tls.Config // nil: plain text
 	mu        sync.Mutex
 	paused    bool
 	life      int
@@ -98,7 +103,7 @@ func NewLoad(opts LoadOptions, targets []Target) (*Load, error) {
 	}
 	l := &Load{opts: opts, byName: map[string]*target{}, regions: map[string][]*target{}, stop: make(chan struct{})}
 	for _, t := range targets {
-		x := &target{Target: t}
+		x := &target{Target: t, tls: opts.TLS}
 		if err := x.connect(1); err != nil {
 			l.Close()
 			return nil, err
@@ -110,7 +115,11 @@ func NewLoad(opts LoadOptions, targets []Target) (*Load, error) {
 }
 
 func (t *target) connect(life int) error {
-	cc, err := grpc.NewClient(t.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if t.tls != nil {
+		creds = credentials.NewTLS(t.tls)
+	}
+	cc, err := grpc.NewClient(t.Addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("chaos: dial %s: %w", t.Name, err)
 	}

@@ -58,15 +58,17 @@ func Max(samples []Sample, name string) float64 {
 	return m
 }
 
-var scrapeClient = &http.Client{}
-
-// Fetch reads the samples at url (a /metrics endpoint).
-func Fetch(ctx context.Context, url string) ([]Sample, error) {
+// Fetch reads the samples at url (a /metrics endpoint) with client
+// (http.DefaultClient when nil).
+func Fetch(ctx context.Context, client *http.Client, url string) ([]Sample, error) {
+	if client == nil {
+		client = http.DefaultClient
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := scrapeClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -2,9 +2,11 @@ package chaos
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -83,6 +85,7 @@ type run struct {
 	load    *Load
 	events  *Log
 	scrapes []Scrape
+	http    *http.Client // scrapes /metrics
 	start   time.Time
 	log     func(format string, args ...any)
 }
@@ -179,6 +182,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if r.c != nil {
 		defer r.c.StopAll(10 * time.Second)
 	}
+	var clientTLS *tls.Config
+	if err == nil {
+		// Every link runs mutual TLS (the cluster's default, its CA made
+		// by Start); the load and the scrapes present the operator's
+		// certificate and verify the processes against the CA.
+		clientTLS, err = r.c.ClientTLS()
+		r.http = &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS}}
+	}
 	if err == nil {
 		err = r.settle(ctx)
 	}
@@ -188,7 +199,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			targets = append(targets, Target{Name: p.Name, Region: p.Region, Addr: p.Addr})
 		}
 		r.load, err = NewLoad(LoadOptions{Flows: scaled(DefaultFlows, o.Scale), Weights: DefaultWeights, Deadline: o.Deadline,
-			ReserveTTL: 2 * time.Second, Log: decisions, Seed: o.Seed}, targets)
+			ReserveTTL: 2 * time.Second, Log: decisions, Seed: o.Seed, TLS: clientTLS}, targets)
 	}
 	if err == nil {
 		err = r.chaos(ctx)
@@ -315,7 +326,7 @@ func (r *run) settle(ctx context.Context) error {
 // shared-mode limit in fallback.
 func (r *run) linked(ctx context.Context, ps []*local.Proc) error {
 	for _, p := range ps {
-		ss, err := Fetch(ctx, "http://"+p.HTTP+"/metrics")
+		ss, err := r.metrics(ctx, p)
 		if err != nil {
 			return err
 		}
@@ -373,7 +384,7 @@ const recoverWithin = 30 * time.Second
 func (r *run) peerState(ctx context.Context, ps []*local.Proc) string {
 	var out []string
 	for _, p := range ps {
-		ss, err := Fetch(ctx, "http://"+p.HTTP+"/metrics")
+		ss, err := r.metrics(ctx, p)
 		if err != nil {
 			out = append(out, fmt.Sprintf("%s: %v", p.Name, err))
 			continue
@@ -582,7 +593,7 @@ func (r *run) restartRedis(ctx context.Context, region string) error {
 	t0 := time.Now()
 	err := r.poll(ctx, recoverWithin, func() error {
 		for _, q := range r.c.ByRole(local.Regional, region) {
-			ss, err := Fetch(ctx, "http://"+q.HTTP+"/metrics")
+			ss, err := r.metrics(ctx, q)
 			if err != nil {
 				return err
 			}
@@ -618,7 +629,7 @@ func (r *run) until(ctx context.Context, t time.Time) error {
 
 // scrape keeps p's counters as the end of its current life.
 func (r *run) scrape(ctx context.Context, p *local.Proc) error {
-	ss, err := Fetch(ctx, "http://"+p.HTTP+"/metrics")
+	ss, err := r.metrics(ctx, p)
 	if err != nil {
 		return fmt.Errorf("chaos: scrape %s: %w", p.Name, err)
 	}
@@ -657,6 +668,12 @@ func (r *run) restartInstance(ctx context.Context, p *local.Proc) error {
 	}
 	r.event(e)
 	return ctx.Err()
+}
+
+// metrics scrapes p's /metrics, over TLS with the cluster's operator
+// certificate unless the cluster is plain text.
+func (r *run) metrics(ctx context.Context, p *local.Proc) ([]Sample, error) {
+	return Fetch(ctx, r.http, r.c.Scheme()+"://"+p.HTTP+"/metrics")
 }
 
 // dial routes the links that chaos cuts through proxies.

@@ -1,6 +1,7 @@
 // Package testpki makes throwaway certificates for tests: a CA and leaf
 // certificates it signs, written as PEM files in a temporary directory
-// removed when the test ends. Keys are ECDSA P-256. Not for production.
+// removed when the test ends. Keys are ECDSA P-256 (internal/pki makes
+// them). Not for production.
 //
 //	pki := testpki.New(t)
 //	srv := pki.Issue(t, "server", testpki.Leaf{IPs: testpki.Loopback})
@@ -11,23 +12,17 @@
 package testpki
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"net/url"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/internal/pki"
 )
 
 // Loopback are the loopback addresses most tests' certificates name.
-var Loopback = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+var Loopback = pki.Loopback
 
 // Files are the paths of a leaf's certificate and key, and of its CA's
 // certificate; tlsx.Files(f) converts them.
@@ -51,9 +46,8 @@ type PKI struct {
 	Dir    string // the temporary directory
 	CAFile string // the CA's certificate (PEM)
 	CA     *x509.Certificate
-	key    *ecdsa.PrivateKey
+	ca     *pki.CA
 	bundle []byte // every CA's certificate so far
-	serial int64
 }
 
 // New makes a CA (named "allot test CA") and writes its certificate,
@@ -71,29 +65,12 @@ func New(t testing.TB) *PKI {
 // rotation does: the bundle holds the old CAs and the new one.
 func (p *PKI) RotateCA(t testing.TB) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := pki.NewCA("allot test CA", time.Now().Add(24*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.serial++
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(p.serial),
-		Subject:               pkix.Name{CommonName: "allot test CA", SerialNumber: big.NewInt(p.serial).String()},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.CA, err = x509.ParseCertificate(der); err != nil {
-		t.Fatal(err)
-	}
-	p.key = key
-	p.bundle = append(p.bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	p.ca, p.CA = ca, ca.Cert
+	p.bundle = append(p.bundle, ca.PEM...)
 	WriteFile(t, p.CAFile, p.bundle)
 }
 
@@ -111,56 +88,23 @@ func (p *PKI) Issue(t testing.TB, name string, l Leaf) Files {
 // Sign signs a leaf certificate and returns its PEM and its key's PEM.
 func (p *PKI) Sign(t testing.TB, name string, l Leaf) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.serial++
 	if l.CommonName == "" {
 		l.CommonName = name
-	}
-	if l.NotBefore.IsZero() {
-		l.NotBefore = time.Now().Add(-time.Hour)
 	}
 	if l.NotAfter.IsZero() {
 		l.NotAfter = time.Now().Add(24 * time.Hour)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(p.serial),
-		Subject:      pkix.Name{CommonName: l.CommonName},
-		NotBefore:    l.NotBefore,
-		NotAfter:     l.NotAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:     append([]string{"localhost"}, l.DNS...),
-		IPAddresses:  l.IPs,
-	}
-	for _, s := range l.URIs {
-		u, err := url.Parse(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl.URIs = append(tmpl.URIs, u)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.CA, &key.PublicKey, p.key)
+	cert, key, err := p.ca.Sign(pki.Leaf{CommonName: l.CommonName, DNS: l.DNS, IPs: l.IPs, URIs: l.URIs, NotBefore: l.NotBefore, NotAfter: l.NotAfter})
 	if err != nil {
 		t.Fatal(err)
 	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
+	return cert, key
 }
 
 // WriteFile writes b to path atomically: a temporary file renamed over it.
 func WriteFile(t testing.TB, path string, b []byte) {
 	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := pki.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -27,6 +27,10 @@ var (
 	// certificate without an allot identity (a spiffe:// URI SAN that
 	// follows the convention of Identity).
 	ErrNoIdentity = errors.New("tlsx: no allot identity in the certificate")
+	// ErrIdentity: Identity.SpeaksFor, for an identity that does not
+	// name the region or instance a request declares, or names no
+	// enforcer.
+	ErrIdentity = errors.New("tlsx: the certificate does not name who the request says")
 )
 
 // MutualServices are the gRPC services that require a verified client
@@ -110,6 +114,24 @@ func RequestIdentity(r *http.Request) (Identity, error) {
 	return ParseIdentity(c)
 }
 
+// Caller is the identity of a gRPC call's caller, for the checks of what
+// its messages declare. secured is false for a call that did not come over
+// TLS (plain text, loopback only): there is no certificate to check
+// against, and callers let it through as before. Over TLS, err is
+// ErrNoClientCert without a verified client certificate, or wraps
+// ErrNoIdentity for a certificate without an allot identity.
+func Caller(ctx context.Context) (id Identity, secured bool, err error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return Identity{}, false, nil
+	}
+	if _, ok := p.AuthInfo.(credentials.TLSInfo); !ok {
+		return Identity{}, false, nil
+	}
+	id, err = PeerIdentity(ctx)
+	return id, true, err
+}
+
 // Identity is who a certificate names, by allot's convention: a URI SAN
 //
 //	spiffe://TRUST-DOMAIN/KEY/VALUE[/KEY/VALUE...]
@@ -152,6 +174,28 @@ func (id Identity) Kind() string {
 		return "region"
 	}
 	return ""
+}
+
+// Enforcer reports whether id names an enforcer: an instance of a
+// region, or a region as a whole. Only an enforcer speaks for a region
+// (Peer, Coordinator); a gateway's identity names a region too, but is
+// not one.
+func (id Identity) Enforcer() bool { k := id.Kind(); return k == "instance" || k == "region" }
+
+// SpeaksFor checks that id may speak for instance of region, as a
+// request declares them: id is an enforcer of region, and its instance is
+// instance ("" for both: a region's certificate, a request of no
+// instance). Its errors wrap ErrIdentity.
+func (id Identity) SpeaksFor(region, instance string) error {
+	switch {
+	case !id.Enforcer():
+		return fmt.Errorf("%w: %s is no enforcer's identity (spiffe://DOMAIN/region/R/instance/I)", ErrIdentity, id.URI)
+	case id.Region != region:
+		return fmt.Errorf("%w: %s names region %q, the request %q", ErrIdentity, id.URI, id.Region, region)
+	case id.Instance != instance:
+		return fmt.Errorf("%w: %s names instance %q, the request %q", ErrIdentity, id.URI, id.Instance, instance)
+	}
+	return nil
 }
 
 // ParseIdentity reads the allot identity of c: its first spiffe:// URI

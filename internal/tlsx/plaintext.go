@@ -15,14 +15,17 @@ var (
 	// ErrNotLoopback: --insecure was given for an address that is not a
 	// loopback one.
 	ErrNotLoopback = errors.New("--insecure is only allowed on loopback addresses (127.0.0.0/8, ::1, localhost); use TLS")
+	// ErrPlainLink: a process with TLS would reach etcd or Redis in plain
+	// text at an address that is not a loopback one (LinkRule).
+	ErrPlainLink = errors.New("a link without TLS is only allowed to a loopback address (a sidecar on this host); give the link's --etcd-tls-* or --redis-tls-* flags")
 )
 
 // RequireInsecure makes plain text need --insecure in every command
-// (Plain). It is false until every test, script and manifest that starts
-// allot processes passes --insecure or TLS (issue 18): meanwhile plain
-// text stays the default and only an explicit --insecure is checked, so
-// that it is refused on an address that is not a loopback one.
-const RequireInsecure = false
+// (Plain): every listener and link without TLS needs it, and it is
+// refused on an address that is not a loopback one. (False kept plain
+// text the default while tests, scripts and manifests moved to TLS or
+// --insecure; only an explicit --insecure was then checked.)
+const RequireInsecure = true
 
 // Plain applies rule (ListenRule or DialRule) to an address served or
 // reached in plain text, as every command does: see RequireInsecure.
@@ -57,6 +60,19 @@ func DialRule(what, addr string, insecure bool) error {
 		return fmt.Errorf("%s %s: %w", what, addr, ErrPlaintext)
 	case !IsLoopback(addr):
 		return fmt.Errorf("%s %s: %w", what, addr, ErrNotLoopback)
+	}
+	return nil
+}
+
+// LinkRule is the rule for a link to etcd or Redis without its own TLS
+// flags (--etcd-tls-*, --redis-tls-*) in a process that has TLS: it needs
+// no --insecure (which TLS excludes) but reaches only a loopback address
+// in plain text, such as a sidecar on the same host or the embedded etcd
+// of allot dev. A process without TLS follows DialRule for those links,
+// as for any other. Without RequireInsecure, it allows everything.
+func LinkRule(what, addr string) error {
+	if RequireInsecure && !IsLoopback(addr) {
+		return fmt.Errorf("%s %s: %w", what, addr, ErrPlainLink)
 	}
 	return nil
 }

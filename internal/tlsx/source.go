@@ -151,6 +151,16 @@ func (s *Source) Certificate() *x509.Certificate {
 	return nil
 }
 
+// Identity is the identity of the certificate in force (ParseIdentity):
+// who this process is to the servers it calls. ErrNoCert without one.
+func (s *Source) Identity() (Identity, error) {
+	c := s.Certificate()
+	if c == nil {
+		return Identity{}, ErrNoCert
+	}
+	return ParseIdentity(c)
+}
+
 func (s *Source) stat() [3]stamp {
 	var out [3]stamp
 	for i, p := range []string{s.files.Cert, s.files.Key, s.files.CA} {

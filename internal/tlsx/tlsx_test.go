@@ -356,6 +356,28 @@ func TestPlaintextRule(t *testing.T) {
 	}
 }
 
+// TestPlainAndLinkRule: with RequireInsecure, Plain applies the rule to
+// every plain-text address, so plain text without --insecure is refused
+// on loopback too; LinkRule lets a TLS process reach etcd or Redis
+// without their TLS on loopback only.
+func TestPlainAndLinkRule(t *testing.T) {
+	if !tlsx.RequireInsecure {
+		t.Skip("RequireInsecure is off")
+	}
+	if err := tlsx.Plain(tlsx.ListenRule, "grpc", "127.0.0.1:8081", false); !errors.Is(err, tlsx.ErrPlaintext) {
+		t.Errorf("plain text on loopback without --insecure: %v, want ErrPlaintext", err)
+	}
+	if err := tlsx.Plain(tlsx.DialRule, "--redis", "127.0.0.1:6379", true); err != nil {
+		t.Errorf("--insecure to loopback: %v", err)
+	}
+	for addr, want := range map[string]error{"127.0.0.1:6379": nil, "localhost:2379": nil, "[::1]:6379": nil,
+		"redis:6379": tlsx.ErrPlainLink, "10.0.0.7:6379": tlsx.ErrPlainLink, ":6379": tlsx.ErrPlainLink} {
+		if err := tlsx.LinkRule("--redis", addr); !errors.Is(err, want) || (err == nil) != (want == nil) {
+			t.Errorf("LinkRule(%s): %v, want %v", addr, err, want)
+		}
+	}
+}
+
 func TestParseIdentity(t *testing.T) {
 	for _, c := range []struct {
 		uri  string

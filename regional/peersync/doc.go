@@ -55,5 +55,15 @@
 // region by region. Every refusal is counted by reason
 // (allot_peer_rejections_total).
 //
+// # Identities
+//
+// Over TLS a peer is who its certificate says (internal/tlsx): a Sync
+// hello must name the region of the caller's certificate, and its
+// instance if the hello names one; a Lend must name the certificate's
+// region. A certificate of no enforcer (a gateway's, an operator's, a
+// coordinator's) may do neither. Otherwise the stream or the call ends
+// with PERMISSION_DENIED, counted with reason "identity". In plain text
+// (loopback only) there is nothing to check against.
+//
 // A Syncer is safe for concurrent use.
 package peersync

@@ -1,6 +1,7 @@
 package peersync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
 	"github.com/allot-dev/allot/regional/node"
@@ -369,6 +371,11 @@ func (s *Syncer) Sync(st allotv1.Peer_SyncServer) error {
 	switch {
 	case h == nil:
 		return s.refuse(ErrNoHello)
+	}
+	if err := checkCaller(st.Context(), h.GetRegion(), h.GetInstance()); err != nil {
+		return s.refuse(err)
+	}
+	switch {
 	case !slices.Contains(s.engine.Peers(), h.GetRegion()):
 		return s.refuse(fmt.Errorf("%w: %q is not a peer of %s", regional.ErrUnknownPeer, h.GetRegion(), s.opts.Region))
 	}
@@ -424,7 +431,8 @@ func (s *Syncer) Sync(st allotv1.Peer_SyncServer) error {
 	}
 }
 
-// refuse counts a fatal refusal and returns its status.
+// refuse counts a refusal that ends a stream or a call and returns its
+// status.
 func (s *Syncer) refuse(err error) error {
 	_, reason, _ := classify(err)
 	s.metrics.rejections.WithLabelValues(reason).Inc()
@@ -472,8 +480,26 @@ func (s *Syncer) receive(peer, stream string, m *allotv1.SyncMessage, replies ch
 	return nil
 }
 
+// checkCaller checks, for a call over TLS, that the caller's certificate
+// names an enforcer of the region a hello or a loan ask declares, and the
+// instance the hello names, if any. A call in plain text (loopback only)
+// passes: there is nothing to check it against.
+func checkCaller(ctx context.Context, region, instance string) error {
+	id, secured, err := tlsx.Caller(ctx)
+	switch {
+	case !secured:
+		return nil
+	case err != nil:
+		return fmt.Errorf("a Peer call for region %q: %w", region, err)
+	}
+	return id.SpeaksFor(region, cmp.Or(instance, id.Instance))
+}
+
 // Lend answers a peer's loan ask.
 func (s *Syncer) Lend(ctx context.Context, req *allotv1.LendRequest) (*allotv1.LendResponse, error) {
+	if err := checkCaller(ctx, req.GetRegion(), ""); err != nil {
+		return nil, s.refuse(err)
+	}
 	g, err := s.engine.Lend(s.opts.Now(), regional.LoanRequest{
 		From: req.GetRegion(), Domain: req.GetDomain(), Limit: req.GetLimit(), Key: req.GetKey(),
 		Window: req.GetWindow(), Amount: req.GetAmount(), ID: req.GetLoanId(),

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allot-dev/allot/crdt"
+	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
 )
@@ -66,6 +67,11 @@ var errorTable = []struct {
 	reason string
 	fatal  bool
 }{
+	// Over TLS, a caller whose certificate is not the region (and
+	// instance) it declares, or not an enforcer's (internal/tlsx).
+	{tlsx.ErrIdentity, codes.PermissionDenied, "identity", true},
+	{tlsx.ErrNoIdentity, codes.PermissionDenied, "identity", true},
+	{tlsx.ErrNoClientCert, codes.PermissionDenied, "identity", true},
 	{ErrNoHello, codes.InvalidArgument, "no_hello", true},
 	{ErrWrongOrigin, codes.InvalidArgument, "wrong_origin", true},
 	{crdt.ErrMalformed, codes.InvalidArgument, "malformed", true},

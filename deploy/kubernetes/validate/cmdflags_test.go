@@ -61,6 +61,18 @@ func declaredFlags(t *testing.T, dir string, funcs ...string) map[string]bool {
 				if !ok {
 					return true
 				}
+				// tlsx.Flags.Register(fs, PREFIX, ...): the TLS flags of
+				// internal/tlsx, named with PREFIX.
+				if sel.Sel.Name == "Register" && len(call.Args) >= 2 {
+					if lit, ok := call.Args[1].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						if prefix, err := strconv.Unquote(lit.Value); err == nil {
+							for name, isBool := range tlsxFlags(t, prefix) {
+								flags[name] = isBool
+							}
+						}
+					}
+					return true
+				}
 				i, ok := flagMethods[sel.Sel.Name]
 				if !ok || len(call.Args) <= i {
 					return true
@@ -88,12 +100,64 @@ func declaredFlags(t *testing.T, dir string, funcs ...string) map[string]bool {
 	return flags
 }
 
+// tlsxFlags are the flags internal/tlsx's Flags.Register declares for
+// prefix ("", "etcd-", "redis-"), read from its code: a name written
+// prefix+"tls-cert" gets the prefix; a bare name ("insecure") is declared
+// only without one (Register adds it under prefix == "").
+func tlsxFlags(t *testing.T, prefix string) map[string]bool {
+	t.Helper()
+	path := filepath.Join(repoRoot, "internal/tlsx/flags.go")
+	file, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]bool{}
+	for _, d := range file.Decls {
+		fd, ok := d.(*ast.FuncDecl)
+		if !ok || fd.Name.Name != "Register" {
+			continue
+		}
+		ast.Inspect(fd, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			i, ok := flagMethods[sel.Sel.Name]
+			if !ok || len(call.Args) <= i {
+				return true
+			}
+			isBool := sel.Sel.Name == "Bool" || sel.Sel.Name == "BoolVar"
+			switch a := call.Args[i].(type) {
+			case *ast.BinaryExpr: // prefix + "name"
+				if lit, ok := a.Y.(*ast.BasicLit); ok && lit.Kind == token.STRING && a.Op == token.ADD {
+					if name, err := strconv.Unquote(lit.Value); err == nil {
+						flags[prefix+name] = isBool
+					}
+				}
+			case *ast.BasicLit:
+				if name, err := strconv.Unquote(a.Value); err == nil && a.Kind == token.STRING && prefix == "" {
+					flags[name] = isBool
+				}
+			}
+			return true
+		})
+	}
+	if len(flags) == 0 {
+		t.Fatalf("%s: no flags found in Flags.Register; update cmdflags_test.go", path)
+	}
+	return flags
+}
+
 // commandFlags are the flags of allot's subcommands and allotctl's, as
 // their code declares them.
 func commandFlags(t *testing.T) map[string]map[string]bool {
 	return map[string]map[string]bool{
-		"regional":       declaredFlags(t, "cmd/allot", "register", "runRegional"),
-		"coordinator":    declaredFlags(t, "cmd/allot", "runCoordinator"),
+		"regional":       declaredFlags(t, "cmd/allot", "register", "runRegional", "registerEtcd", "registerRedis"),
+		"coordinator":    declaredFlags(t, "cmd/allot", "runCoordinator", "register", "registerEtcd"),
 		"allotctl apply": declaredFlags(t, "cmd/allotctl", "flags", "applyFile"),
 	}
 }
@@ -132,9 +196,10 @@ func parseFlags(args []string, declared map[string]bool) (flags map[string]strin
 func TestFlagsAreReadFromTheCode(t *testing.T) {
 	f := commandFlags(t)
 	for cmd, want := range map[string][]string{
-		"regional":       {"region", "grpc-addr", "http-addr", "etcd", "coordinator", "redis", "redis-cluster", "peers", "config"},
-		"coordinator":    {"etcd", "grpc-addr", "http-addr", "advertise"},
-		"allotctl apply": {"addr", "timeout", "author"},
+		"regional": {"region", "grpc-addr", "http-addr", "etcd", "coordinator", "redis", "redis-cluster", "peers", "config",
+			"tls-cert", "tls-key", "tls-ca", "tls-server-name", "insecure", "etcd-tls-cert", "etcd-tls-ca", "redis-tls-cert", "redis-tls-server-name", "redis-user", "redis-password-file"},
+		"coordinator":    {"etcd", "grpc-addr", "http-addr", "advertise", "tls-cert", "tls-ca", "insecure", "etcd-tls-cert", "etcd-tls-key", "etcd-tls-ca"},
+		"allotctl apply": {"addr", "timeout", "author", "tls-cert", "tls-key", "tls-ca", "insecure"},
 	} {
 		for _, name := range want {
 			if _, ok := f[cmd][name]; !ok {
@@ -144,5 +209,11 @@ func TestFlagsAreReadFromTheCode(t *testing.T) {
 	}
 	if !f["regional"]["redis-cluster"] || f["regional"]["redis"] {
 		t.Errorf("regional: --redis-cluster should be boolean and --redis not: %v", f["regional"])
+	}
+	if !f["coordinator"]["insecure"] || f["coordinator"]["tls-cert"] {
+		t.Errorf("coordinator: --insecure should be boolean and --tls-cert not: %v", f["coordinator"])
+	}
+	if _, ok := f["coordinator"]["etcd-insecure"]; ok {
+		t.Errorf("coordinator: --etcd-insecure declared: %v", f["coordinator"])
 	}
 }

@@ -73,7 +73,7 @@ func TestEtcdCluster(t *testing.T) {
 	peer, _ := containerPort(c, intstr.FromString("peer"))
 	client, _ := containerPort(c, intstr.FromString("client"))
 	url := func(pod string, p int32) string {
-		return fmt.Sprintf("http://%s.%s.$(POD_NAMESPACE).svc:%d", pod, sts.Spec.ServiceName, p)
+		return fmt.Sprintf("https://%s.%s.$(POD_NAMESPACE).svc:%d", pod, sts.Spec.ServiceName, p)
 	}
 	var members []string
 	for i := range n {
@@ -85,8 +85,8 @@ func TestEtcdCluster(t *testing.T) {
 		"initial-cluster":             strings.Join(members, ","),
 		"initial-advertise-peer-urls": url("$(POD_NAME)", peer.ContainerPort),
 		"advertise-client-urls":       url("$(POD_NAME)", client.ContainerPort),
-		"listen-peer-urls":            fmt.Sprintf("http://0.0.0.0:%d", peer.ContainerPort),
-		"listen-client-urls":          fmt.Sprintf("http://0.0.0.0:%d", client.ContainerPort),
+		"listen-peer-urls":            fmt.Sprintf("https://0.0.0.0:%d", peer.ContainerPort),
+		"listen-client-urls":          fmt.Sprintf("https://0.0.0.0:%d", client.ContainerPort),
 		"initial-cluster-state":       "new",
 	} {
 		if f[flag] != want {
