@@ -53,6 +53,9 @@ type Options struct {
 	Instances int
 	// LogLevel of the enforcers and coordinators (default info).
 	LogLevel string
+	// Insecure runs the cluster in plain text on loopback instead of
+	// mutual TLS on every link (local.Options.Insecure).
+	Insecure bool
 }
 
 // DefaultFlows is the traffic of a run, for testdata/limits.yaml: each
@@ -159,7 +162,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 
 	r.c, err = local.New(local.Options{
-		Dir: filepath.Join(o.Dir, "cluster"), Bin: o.Bin, Config: o.Config, Instances: o.Instances,
+		Dir: filepath.Join(o.Dir, "cluster"), Bin: o.Bin, Config: o.Config, Instances: o.Instances, Insecure: o.Insecure,
 		RegionalArgs: []string{"--store-timeout", o.StoreTimeout.String(), "--log-level", o.LogLevel},
 		// A grant TTL of 4 s, so that an instance cut off from the
 		// coordinators for a step outlives its grant.
@@ -185,8 +188,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	var clientTLS *tls.Config
 	if err == nil {
 		// Every link runs mutual TLS (the cluster's default, its CA made
-		// by Start); the load and the scrapes present the operator's
-		// certificate and verify the processes against the CA.
+		// by Start; unless Insecure); the load and the scrapes present the
+		// operator's certificate and verify the processes against the CA.
 		clientTLS, err = r.c.ClientTLS()
 		r.http = &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS}}
 	}
