@@ -3,8 +3,10 @@ package coordinator
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot"
@@ -28,6 +30,15 @@ const (
 	weightFloor = 0.2
 	// weightHysteresis: weights move only if one moves by more than this.
 	weightHysteresis = 0.02
+	// keyRest is a hot key's rest factor when it reaches few of a
+	// region's instances: the instances without a weight of their own for
+	// it apply keyRest × their weight for the limit to it, so together at
+	// most keyRest of it, and the weights of their own share the other
+	// 1 − keyRest. Small, so that a key that reaches 10 of 200 instances
+	// gets its allowance there; an instance that starts seeing it has
+	// little of it until it reports the key and a rebalance gives it a
+	// weight of its own.
+	keyRest = 0.02
 )
 
 // Weighted reports whether a region's share of limit l is divided among
@@ -68,6 +79,15 @@ type FleetConfig struct {
 //     only out of what others have given up and acknowledged, so what a
 //     region's instances may be applying together never exceeds the
 //     region's share.
+//   - A hot key of a Weighted limit that reaches few of a region's
+//     instances is divided among those that reported it near its limit or
+//     rejected (weights of their own for the key, by their demand for
+//     it), the same way: the region's other instances apply
+//     keyRest × their weight for the limit to it (the key's rest factor,
+//     sent to every instance of the region), so together at most keyRest
+//     of it, and the weights of their own share the rest. A key that
+//     reaches many is divided by the limit's weights, as every other key.
+//     See moveKeys.
 //   - Every grant carries an expiry, renewed at every rebalance for every
 //     instance heard from within Config.DeadAfter.
 //   - An instance that attaches (new or reconnecting) gets a full grant
@@ -88,6 +108,11 @@ type FleetConfig struct {
 // Demand: each instance reports its own traffic; the Fleet keeps every
 // instance's latest report as a rate and forwards one report per region
 // whose amounts are the sum of its connected instances' rates.
+//
+// State and work: per instance, one cell per Weighted limit and one per
+// hot key it reported (while it reports it, and HotTTL less a period
+// after); per hot key with weights of its own, its rest factor. A
+// rebalance is proportional to instances × their own hot keys.
 //
 // Like the Coordinator, a Fleet does no I/O and never reads the clock; it
 // is not safe for concurrent use. The zero value is not usable; call
@@ -111,6 +136,11 @@ type FleetStats struct {
 	Instances int    // instances that may hold share, over all regions
 	Expired   uint64 // instances whose grant expired and were removed
 	Grants    uint64 // grants sent
+	// KeyWeights are the instances' weights of their own for hot keys
+	// (held, or being given), over all regions; RestFactors the hot keys
+	// with a rest factor below 1.
+	KeyWeights  int
+	RestFactors int
 }
 
 type fleetRegion struct {
@@ -121,7 +151,6 @@ type fleetRegion struct {
 	sent   uint64    // version of the latest assignment the Coordinator sent the region
 	acked  uint64    // version of the latest Ack forwarded to the Coordinator
 	at     time.Time // At of the latest report forwarded
-	cells  []cell    // scratch: one weighted limit's cells, by instance
 	// since is when each limit's default share took its value (zero:
 	// before any instance held share), for full grants.
 	since map[string]time.Time
@@ -132,11 +161,32 @@ type fleetRegion struct {
 	// that have not attached yet: until they have (or Fleet.quiet), they
 	// may hold grants this Fleet does not know.
 	awaiting map[string]bool
+	// keys are the hot keys of Weighted limits that instances of the
+	// region reported, or that have a rest factor; keyList the same, in
+	// the order they appeared, for passes in a fixed order.
+	keys    map[keyID]*fleetKey
+	keyList []*fleetKey
+	// restVer counts the changes of rest factors; restMin is the latest
+	// one that every instance that may hold share has acked (as of the
+	// latest moveKeys).
+	restVer uint64
+	restMin uint64
+	// restLog are the changes of rest factors after restFrom (those up to
+	// it are trimmed), in order: a grant carries those after what its
+	// instance acked.
+	restLog  []restChange
+	restFrom uint64
+	// Scratch space of moveWeights: one vector's cells, by instance.
+	cells  []cell
+	want   []float32
+	state  []uint8
+	demand []float64
 }
 
 type fleetInstance struct {
 	id       string
 	legacy   bool
+	keyAware bool // it applies weights of their own and rest factors (KeyAware in its hello)
 	attached bool
 	heard    time.Time // latest message (hello, report, ack)
 	gone     time.Time // legacy: when its stream ended
@@ -144,12 +194,85 @@ type fleetInstance struct {
 	seq      uint64    // latest grant sent
 	ackedSeq uint64    // latest grant it acked
 	changed  uint64    // seq of the latest grant with a changed weight
+	granted  time.Time // when the latest grant was sent
 	expires  time.Time // Expires of the latest grant sent
 	full     bool      // a full grant was sent since it attached
 	lastAt   time.Time // At of its previous report
 	fresh    bool      // reported since the region's latest forwarded report
 	rates    streamReport
 	w        []cell // by weighted limit
+	// keys are its weights of its own for hot keys, in the order they
+	// appeared; byKey the same, by key.
+	keys  []*keyCell
+	byKey map[keyID]*keyCell
+	// restAcked is the latest change of rest factors it acked (it holds
+	// them all); restSent, the rest factors' version each grant it has not
+	// acked yet carries, by seq.
+	restAcked uint64
+	restSent  []seqVer
+	moved     bool // scratch of moveWeights: it needs a grant
+}
+
+type seqVer struct{ seq, ver uint64 }
+
+// restChange is change ver of rest factors: key k's.
+type restChange struct {
+	ver uint64
+	k   *fleetKey
+}
+
+// setRest sets key k's rest factor to v, a new change: a lowering is held
+// at the old bound until every instance acked it.
+func (fr *fleetRegion) setRest(k *fleetKey, v float32) {
+	fr.restVer++
+	k.rest.share, k.rest.target, k.rest.bound, k.restVer = v, v, max(k.rest.bound, v), fr.restVer
+	fr.restLog = append(fr.restLog, restChange{fr.restVer, k})
+}
+
+// trimRestLog drops the changes of rest factors that every instance that
+// may hold share acked.
+func (fr *fleetRegion) trimRestLog() {
+	i := 0
+	for i < len(fr.restLog) && fr.restLog[i].ver <= fr.restMin {
+		i++
+	}
+	if i > 0 {
+		fr.restLog = slices.Delete(fr.restLog, 0, i)
+		fr.restFrom = max(fr.restFrom, fr.restMin)
+	}
+}
+
+// fleetKey is one hot key of a Weighted limit in one region: the
+// instances' weights of their own for it, and its rest factor.
+type fleetKey struct {
+	id    keyID
+	limit int        // index in Fleet.weighted
+	cells []*keyCell // by instance, in the order they appeared
+	pos   int        // in fleetRegion.keyList
+	// rest is the key's rest factor, the part of its weight for the limit
+	// that an instance without a weight of its own for the key applies to
+	// it (target: 1 or keyRest); its bound is confirmed once every
+	// instance that may hold share acked restVer, the change that set it.
+	rest    cell
+	restVer uint64
+	// apart: the weights of their own are divided within 1 − the rest
+	// factor (held ≤ keyRest, confirmed), whatever the limit's weights.
+	// Otherwise each is at most the instance's weight for the limit, and
+	// changes with it.
+	apart bool
+}
+
+// keyCell is one instance's weight of its own for one hot key. Its
+// demand is an average of the instance's demand for the key.
+type keyCell struct {
+	in  *fleetInstance
+	k   *fleetKey
+	c   cell
+	hot int64 // unix ns when the instance last reported the key near its limit or rejected
+	// streak counts its latest reports in a row that said so (up to 255).
+	streak uint8
+	kpos   int32 // in k.cells
+	ipos   int32 // in in.keys
 }
 
 // streamReport is an instance's latest report as rates (cost per second)
@@ -189,13 +312,17 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 			f.weighted = append(f.weighted, l.Name)
 		}
 	}
-	fresh := prev == nil && snap.Term == 0
+	// An earlier leader persisted records (Term) or at least whom it
+	// granted (Members: a Ready of members only writes no Term).
+	earlier := snap.Term > 0 || snap.Members != nil
+	fresh := prev == nil && !earlier
 	for i, r := range d.Regions {
 		app, err := NewApplier(d, r, snap)
 		if err != nil {
 			return nil, err
 		}
-		fr := &fleetRegion{name: r, byID: map[string]*fleetInstance{}, shares: app, since: map[string]time.Time{}, fresh: fresh}
+		fr := &fleetRegion{name: r, byID: map[string]*fleetInstance{}, shares: app, since: map[string]time.Time{}, fresh: fresh,
+			keys: map[keyID]*fleetKey{}}
 		for _, l := range f.limits {
 			if !fresh {
 				fr.since[l] = now.Add(cfg.MaxSkew) // not known: from now on
@@ -205,7 +332,7 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 		f.regionOf[r] = i
 	}
 	if prev == nil {
-		if snap.Term > 0 { // an earlier leader may have granted
+		if earlier { // an earlier leader may have granted
 			f.quiet = now.Add(cfg.GrantTTL + cfg.MaxSkew)
 			if snap.Members != nil {
 				// It said whom: a region waits only until those attached.
@@ -234,13 +361,25 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 		}
 		fr := f.regions[i]
 		fr.fresh = pr.fresh
+		// No log: a grant after it carries every rest factor that changed.
+		fr.restVer, fr.restFrom = pr.restVer, pr.restVer
+		// Still not attached: they may hold grants of the leader before prev.
+		fr.awaiting = maps.Clone(pr.awaiting)
 		for l, t := range pr.since {
 			if _, ok := fr.since[l]; ok || fr.fresh {
 				fr.since[l] = t
 			}
 		}
+		for _, pk := range pr.keyList { // rest factors: every instance keeps its own across the new term
+			if j := slices.Index(f.weighted, prev.weighted[pk.limit]); j >= 0 {
+				k := f.key(fr, j, pk.id)
+				k.rest, k.restVer, k.apart = pk.rest, pk.restVer, pk.apart
+				k.rest.flags = 0
+			}
+		}
 		for _, pi := range pr.insts {
-			in := &fleetInstance{id: pi.id, legacy: pi.legacy, gone: pi.gone, expires: pi.expires, heard: pi.heard, w: make([]cell, len(f.weighted))}
+			in := &fleetInstance{id: pi.id, legacy: pi.legacy, keyAware: pi.keyAware, gone: pi.gone, expires: pi.expires, heard: pi.heard,
+				w: make([]cell, len(f.weighted)), restAcked: pi.restAcked}
 			for j, l := range f.weighted {
 				if k := slices.Index(prev.weighted, l); k >= 0 {
 					in.w[j] = pi.w[k]
@@ -250,7 +389,15 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 			}
 			fr.insts = append(fr.insts, in) // detached: every stream reconnects to the new term
 			fr.byID[in.id] = in
+			for _, pc := range pi.keys {
+				if j := slices.Index(f.weighted, prev.weighted[pc.k.limit]); j >= 0 {
+					kc := f.addCell(fr, in, j, pc.k.id)
+					kc.c = cell{share: pc.c.share, bound: max(pc.c.bound, pc.c.share), target: pc.c.share, demand: pc.c.demand}
+					kc.hot = pc.hot
+				}
+			}
 		}
+		fr.restMin = restMin(f, now, fr)
 	}
 	return f, nil
 }
@@ -264,6 +411,12 @@ func (f *Fleet) Stats() FleetStats {
 	s := f.stats
 	for _, fr := range f.regions {
 		s.Instances += len(fr.insts)
+		for _, k := range fr.keyList {
+			s.KeyWeights += len(k.cells)
+			if k.rest.share < 1 {
+				s.RestFactors++
+			}
+		}
 	}
 	return s
 }
@@ -292,28 +445,21 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 	in := fr.byID[id]
 	if in == nil {
 		in = &fleetInstance{id: id, legacy: legacy, w: make([]cell, len(f.weighted))}
-		for j := range in.w {
-			in.w[j] = cell{} // a new instance holds nothing
-		}
 		if legacy {
 			for j := range in.w {
 				in.w[j] = cell{share: 1, bound: 1, target: 1}
 			}
 		}
-		// What an instance unknown to this Fleet says it holds stays
-		// counted as held (a new leader cannot know better).
-		for _, w := range weights {
-			if j := slices.Index(f.weighted, w.Limit); j >= 0 && w.Value >= 0 && w.Value <= 1 && !legacy {
-				v := down32(w.Value)
-				in.w[j] = cell{share: v, bound: up32(w.Value), target: v}
-			}
-		}
 		fr.insts = append(fr.insts, in)
 		fr.byID[id] = in
 		f.members = true
+		if !legacy {
+			f.held(fr, in, weights)
+		}
 	}
 	delete(fr.awaiting, id)
 	in.attached, in.full, in.heard = true, false, now
+	in.keyAware = !legacy && slices.Contains(weights, KeyAware)
 	if hello.Term == f.co.term && hello.Version <= fr.sent {
 		in.acked = max(in.acked, hello.Version)
 	}
@@ -321,15 +467,45 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 		f.ackSeq(in, hello.Seq)
 	}
 	rd := f.evalAck(now, fr)
-	f.moveWeights(now, fr, true, &rd) // a part for it at once, if one is free
+	f.moveWeights(now, fr, true, nil, &rd) // a part for it at once, if one is free
 	rd.Send = append(rd.Send, f.fullGrant(now, fr, in))
-	f.membersOut(&rd)
+	f.membersOut(now, &rd)
 	return rd, nil
 }
 
-// membersOut adds the instances that may hold grants to rd when they
-// changed.
-func (f *Fleet) membersOut(rd *Ready) {
+// held counts what an instance unknown to this Fleet says it holds as
+// held (a new leader cannot know better): its weights, its own for hot
+// keys, and the rest factors it applies (a key's rest factor is then
+// known only to be at most 1 elsewhere).
+func (f *Fleet) held(fr *fleetRegion, in *fleetInstance, weights []Weight) {
+	for _, w := range weights {
+		j := slices.Index(f.weighted, w.Limit)
+		if j < 0 || !(w.Value >= 0 && w.Value <= 1) || w.Key == "" && w.Rest {
+			continue
+		}
+		v := down32(w.Value)
+		c := cell{share: v, bound: up32(w.Value), target: v}
+		id := keyID{w.Limit, w.Key}
+		switch {
+		case w.Key == "":
+			in.w[j] = c
+		case w.Rest:
+			k := f.key(fr, j, id)
+			if k.restVer == 0 { // a factor this Fleet never set: keep it, counted at most 1
+				fr.setRest(k, v)
+			}
+		case in.byKey[id] == nil:
+			f.addCell(fr, in, j, id).c = c
+		}
+	}
+}
+
+// membersOut adds the instances that may hold grants at now to rd when
+// they changed: this Fleet's, and during its quiet period those of an
+// earlier leader that have not attached yet (Instance "" for a region
+// whose earlier instances are not known), so that a leader after this
+// one waits for them too.
+func (f *Fleet) membersOut(now time.Time, rd *Ready) {
 	if !f.members {
 		return
 	}
@@ -339,6 +515,11 @@ func (f *Fleet) membersOut(rd *Ready) {
 	for _, fr := range f.regions {
 		for _, in := range fr.insts {
 			rd.Members = append(rd.Members, Member{Region: fr.name, Instance: in.id})
+		}
+		if now.Before(f.quiet) {
+			for _, id := range slices.Sorted(maps.Keys(fr.awaiting)) {
+				rd.Members = append(rd.Members, Member{Region: fr.name, Instance: id})
+			}
 		}
 	}
 }
@@ -400,15 +581,18 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 		if m.Leaving { // it holds nothing: what it held is free at once
 			f.leave(fr, in)
 			rd := f.evalAck(now, fr)
-			f.moveWeights(now, fr, true, &rd)
-			f.membersOut(&rd)
+			f.moveWeights(now, fr, true, nil, &rd)
+			f.membersOut(now, &rd)
 			return rd, nil
 		}
 		in.acked = max(in.acked, m.Version)
 		freed := f.ackSeq(in, m.Seq)
 		rd := f.evalAck(now, fr)
-		if freed {
-			f.moveWeights(now, fr, false, &rd)
+		switch {
+		case restMin(f, now, fr) > fr.restMin: // every instance now has a rest factor that may free weight
+			f.moveWeights(now, fr, false, nil, &rd)
+		case freed:
+			f.moveWeights(now, fr, false, in, &rd)
 		}
 		return rd, nil
 	case Report:
@@ -416,7 +600,11 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 			return Ready{}, err
 		}
 		in.heard = now
+		dt := reportInterval(in.lastAt, m.At)
 		in.rates, in.lastAt, in.fresh = rates(in, m), m.At, true
+		if !in.legacy {
+			f.noteHot(now, fr, in, m, dt)
+		}
 		if f.roundDone(fr, m.At) {
 			if err := f.forwardReport(now, fr, m.At); err != nil {
 				return Ready{}, err
@@ -431,6 +619,7 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 
 // leave removes instance in of fr, which holds nothing.
 func (f *Fleet) leave(fr *fleetRegion, in *fleetInstance) {
+	f.dropCells(fr, in)
 	delete(fr.byID, in.id)
 	if i := slices.Index(fr.insts, in); i >= 0 {
 		fr.insts = slices.Delete(fr.insts, i, i+1)
@@ -442,12 +631,21 @@ func (f *Fleet) leave(fr *fleetRegion, in *fleetInstance) {
 // confirmed a change of its weights (which may free weight for others).
 func (f *Fleet) ackSeq(in *fleetInstance, seq uint64) bool {
 	in.ackedSeq = max(in.ackedSeq, seq)
+	i := 0
+	for i < len(in.restSent) && in.restSent[i].seq <= in.ackedSeq {
+		in.restAcked = max(in.restAcked, in.restSent[i].ver)
+		i++
+	}
+	in.restSent = in.restSent[i:]
 	if in.changed == 0 || in.ackedSeq < in.changed {
 		return false
 	}
 	in.changed = 0
 	for j := range in.w {
 		in.w[j].confirm()
+	}
+	for _, kc := range in.keys {
+		kc.c.confirm()
 	}
 	return true
 }
@@ -515,6 +713,7 @@ func (f *Fleet) Tick(now time.Time) Ready {
 				continue
 			}
 			f.stats.Expired++
+			f.dropCells(fr, in)
 			if in.attached { // silent past its grant: it holds nothing now
 				in.w, in.acked, in.full, in.changed = make([]cell, len(f.weighted)), 0, false, 0
 				i++
@@ -528,30 +727,21 @@ func (f *Fleet) Tick(now time.Time) Ready {
 	}
 	merge(&rd, f.fanOut(now, f.co.Tick(now)))
 	if now.Before(f.next) {
-		f.membersOut(&rd)
+		f.membersOut(now, &rd)
 		return rd
 	}
 	f.next = now.Add(f.co.cfg.Period)
 	for _, fr := range f.regions {
-		f.moveWeights(now, fr, true, &rd)
+		f.moveWeights(now, fr, true, nil, &rd)
 		// Renew every live instance that this pass sent nothing.
 		for _, in := range fr.insts {
-			if f.renewable(now, in) && in.full && !sentTo(rd.Send, fr.name, in.id) {
-				rd.Send = append(rd.Send, f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}))
+			if f.renewable(now, in) && in.full && !in.granted.Equal(now) {
+				rd.Send = append(rd.Send, f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false))
 			}
 		}
 	}
-	f.membersOut(&rd)
+	f.membersOut(now, &rd)
 	return rd
-}
-
-func sentTo(as []Assignment, region, id string) bool {
-	for _, a := range as {
-		if a.Region == region && a.Instance == id {
-			return true
-		}
-	}
-	return false
 }
 
 func merge(dst *Ready, rd Ready) {
@@ -580,7 +770,7 @@ func (f *Fleet) fanOut(now time.Time, rd Ready) Ready {
 		fr.shares.Apply(a) // the Coordinator's own output: valid
 		for _, in := range fr.insts {
 			if in.attached && in.full {
-				out.Send = append(out.Send, f.grant(now, fr, in, a))
+				out.Send = append(out.Send, f.grant(now, fr, in, a, false))
 			}
 		}
 	}
@@ -598,18 +788,21 @@ func (f *Fleet) fullGrant(now time.Time, fr *fleetRegion, in *fleetInstance) Ass
 		}
 	}
 	a := Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term, Version: fr.sent, Shares: shares}
-	a = f.grant(now, fr, in, a)
-	a.Grant.Full, a.Grant.Fresh = true, fr.fresh
+	a = f.grant(now, fr, in, a, true)
+	a.Grant.Fresh = fr.fresh
 	fr.fresh = false
 	return a
 }
 
 // grant addresses assignment a to instance in with a new grant: its
-// weights and a renewed expiry.
-func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assignment) Assignment {
+// weights (for the limits, and its own for hot keys), the rest factors
+// and a renewed expiry. A full grant carries every rest factor below 1
+// (the instance drops any other), another those changed since the latest
+// the instance acked.
+func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assignment, full bool) Assignment {
 	in.seq++
-	in.expires = now.Add(f.cfg.GrantTTL)
-	g := &Grant{Seq: in.seq, Expires: in.expires, Weights: make([]Weight, len(f.weighted))}
+	in.granted, in.expires = now, now.Add(f.cfg.GrantTTL)
+	g := &Grant{Seq: in.seq, Expires: in.expires, Full: full, Weights: make([]Weight, len(f.weighted), len(f.weighted)+len(in.keys))}
 	changed := false
 	for j, l := range f.weighted {
 		g.Weights[j] = Weight{Limit: l, Value: float64(in.w[j].share)}
@@ -617,6 +810,39 @@ func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assig
 			in.w[j].flags &^= dirty
 			changed = true
 		}
+	}
+	for _, kc := range in.keys { // an instance that is not KeyAware has none
+		if kc.c.share > 0 { // none: it applies the rest factor
+			g.Weights = append(g.Weights, Weight{Limit: kc.k.id.limit, Key: kc.k.id.key, Value: float64(kc.c.share)})
+		}
+		if kc.c.flags&dirty != 0 {
+			kc.c.flags &^= dirty
+			changed = true
+		}
+	}
+	if in.keyAware && (full || in.restAcked < fr.restVer) { // an older one would take them for its weights
+		rest := func(k *fleetKey) Weight {
+			return Weight{Limit: k.id.limit, Key: k.id.key, Value: float64(k.rest.share), Rest: true}
+		}
+		switch {
+		case !full && in.restAcked >= fr.restFrom: // the changes since: from the log
+			i, _ := slices.BinarySearchFunc(fr.restLog, in.restAcked+1, func(c restChange, v uint64) int { return cmp.Compare(c.ver, v) })
+			for _, c := range fr.restLog[i:] {
+				if c.k.restVer == c.ver && fr.keys[c.k.id] == c.k { // its latest change, of a key still there
+					g.Weights = append(g.Weights, rest(c.k))
+				}
+			}
+		default:
+			for _, k := range fr.keyList {
+				if full && k.rest.share < 1 || !full && k.restVer > in.restAcked {
+					g.Weights = append(g.Weights, rest(k))
+				}
+			}
+		}
+		if len(in.restSent) == maxRestSent { // acks are late: forget the oldest, and wait for a later one
+			in.restSent = slices.Delete(in.restSent, 0, 1)
+		}
+		in.restSent = append(in.restSent, seqVer{in.seq, fr.restVer})
 	}
 	if changed || in.changed != 0 {
 		in.changed = in.seq // every grant carries all weights: the latest confirms them all
@@ -626,87 +852,328 @@ func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assig
 	return a
 }
 
+// steadyStreak is how many reports in a row must say a key is near its
+// limit (or rejected) at each instance that reported it for the key to
+// count as reaching those instances only: a key with sparse traffic is
+// reported by whichever instances its latest requests happened to reach.
+const steadyStreak = 2
+
+// maxRestSent bounds the grants of an instance whose rest factors' acks
+// are awaited.
+const maxRestSent = 32
+
+// Member states in dividing one vector among instances (see divide).
+const (
+	memberOut    uint8 = iota // takes no part: its target is 0
+	memberLive                // takes part by its demand
+	memberFrozen              // keeps what it has: it cannot be taken back
+	memberAll                 // an instance that does not know instances: it holds everything
+)
+
 // moveWeights moves the weights of fr's instances toward their targets
 // (new targets first when retarget) and adds a grant for every instance
-// whose weights changed to rd.
-func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, rd *Ready) {
+// whose weights changed to rd: the limits' weights, and those of hot keys
+// (only those of instance only's keys, if not nil: it acked and may have
+// freed some).
+func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only *fleetInstance, rd *Ready) {
 	if len(f.weighted) == 0 || len(fr.insts) == 0 {
 		return
 	}
 	quiet := f.quietIn(now, fr)
+	var noRaise func(int, float64) float64
+	if quiet {
+		noRaise = func(int, float64) float64 { return -1 } // no raise: lowerings only
+	}
+	legacy, unaware, live := false, false, 0
+	n := len(fr.insts)
+	fr.state, fr.demand, fr.want = grow(fr.state, n), grow(fr.demand, n), grow(fr.want, n)
+	for i, in := range fr.insts {
+		unaware = unaware || !in.legacy && !in.keyAware && f.holds(now, in)
+		switch {
+		case in.legacy && f.holds(now, in):
+			fr.state[i], legacy = memberAll, true
+		case in.legacy:
+			fr.state[i] = memberOut
+		case f.renewable(now, in):
+			fr.state[i] = memberLive
+			live++
+		default:
+			fr.state[i] = memberFrozen // until its grant expires
+		}
+	}
 	for j, l := range f.weighted {
 		cs := fr.cells[:0]
-		for _, in := range fr.insts {
+		for i, in := range fr.insts {
 			cs = append(cs, in.w[j])
+			fr.demand[i] = in.demand(l)
 		}
 		if retarget {
-			f.targets(now, fr, l, cs)
+			divide(cs, fr.state, fr.demand, 1, fr.want)
 		}
-		var clip func(int, float64) float64
-		if quiet {
-			clip = func(int, float64) float64 { return -1 } // no raise: lowerings only
-		}
-		grant(cs, nil, weightHysteresis/2, clip)
+		grant(cs, nil, weightHysteresis/2, noRaise)
 		for i, in := range fr.insts {
 			in.w[j] = cs[i]
 		}
 		fr.cells = cs
 	}
+	if f.moveKeys(now, fr, retarget, only, live, legacy, unaware, quiet) {
+		for _, in := range fr.insts {
+			in.moved = true // a rest factor changed: every instance gets it
+		}
+	}
 	for _, in := range fr.insts {
-		moved := false
+		moved := in.moved
+		in.moved = false
 		for j := range in.w {
 			moved = moved || in.w[j].flags&dirty != 0
 		}
 		if moved && in.attached && in.full { // a grant only (Version 0): the region's shares go with the Coordinator's assignments
-			rd.Send = append(rd.Send, f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}))
+			rd.Send = append(rd.Send, f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false))
 		}
 	}
 }
 
-// targets sets the target weights of limit l in fr (cs by instance): an
-// instance that does not know instances holds everything while it may
-// hold share; one that is not renewed (silent, or cut off) keeps what it
-// has until its grant expires, as it cannot be taken back; the live ones
-// share the rest, weightFloor of it evenly and the rest by their demand.
-// Weights move only when one would move by more than weightHysteresis and
-// by more than a third of what it is, so that noise in the demand of
-// evenly loaded instances does not shuffle them.
-func (f *Fleet) targets(now time.Time, fr *fleetRegion, l string, cs []cell) {
-	legacy := -1
-	live, demand, avail := 0, 0.0, 1.0
-	for i, in := range fr.insts {
+// restMin is the latest change of rest factors that every instance of fr
+// that may hold share has acked.
+func restMin(f *Fleet, now time.Time, fr *fleetRegion) uint64 {
+	v := fr.restVer
+	for _, in := range fr.insts {
+		if !in.legacy && f.holds(now, in) {
+			v = min(v, in.restAcked)
+		}
+	}
+	return v
+}
+
+// moveKeys moves the weights of their own that fr's instances hold for
+// hot keys, and the keys' rest factors, toward their targets (new
+// targets first when retarget): every key, or only's. live counts the
+// region's live instances; legacy says an instance that does not know
+// instances holds everything, quiet that this is a new leader's quiet
+// period: either forbids every raise; unaware, that an instance that may
+// hold share does not know weights of their own and rest factors (an
+// older enforcer: it applies its weight for the limit to every key), so
+// every key stays together. It reports whether a rest factor changed.
+//
+// An instance applies, to a key, its weight of its own for it if it has
+// one, else its weight for the limit × the key's rest factor. Two ways
+// keep what they apply together within the key's share, counting of each
+// figure the largest an instance may be applying (its bound):
+//
+//   - Together: each weight of its own is at most its instance's weight
+//     for the limit, lowered with it in the same grant. Every instance
+//     then applies at most its weight for the limit, and those sum to at
+//     most 1, whatever the rest factor.
+//   - Apart: the rest factor is keyRest, acked by every instance that may
+//     hold share, and the weights of their own sum to at most 1 −
+//     keyRest: the others apply at most keyRest × Σ limit weights ≤
+//     keyRest.
+//
+// A key goes apart when the instances that reported it are at most a
+// quarter of the region's live instances (it reaches few of them): its
+// rest factor goes down to keyRest at once, the weights of their own
+// follow their limit's (at most it, up to their share by demand); once
+// every instance acked the factor and they fit within 1 − keyRest, they
+// are divided by demand. It comes back together when they are more than
+// half (or none): the weights of their own come down to at most the
+// limit's and, once acked, the rest factor goes back to 1 and they are
+// dropped.
+func (f *Fleet) moveKeys(now time.Time, fr *fleetRegion, retarget bool, only *fleetInstance, live int, legacy, unaware, quiet bool) bool {
+	fr.restMin = restMin(f, now, fr)
+	fr.trimRestLog()
+	if len(fr.keyList) == 0 {
+		return false
+	}
+	hotAfter := now.Add(-f.keyTTL()).UnixNano()
+	var clip func(int, float64) float64
+	if legacy || quiet {
+		clip = func(int, float64) float64 { return -1 } // lowerings only
+	}
+	var keys []*fleetKey
+	if only != nil {
+		for _, kc := range only.keys {
+			keys = append(keys, kc.k)
+		}
+	} else {
+		keys = slices.Clone(fr.keyList) // keys may be removed from fr.keyList
+	}
+	restMoved := false
+	for _, k := range keys {
+		if k.restVer <= fr.restMin {
+			k.rest.bound = k.rest.share // every instance that may hold share applies it
+		}
+		// reach counts the live instances that reported it, steady those
+		// that did in their latest reports in a row; sum is Σ their
+		// weights for the limit.
+		reach, steady, sum := 0, 0, 0.0
+		cs := fr.cells[:0]
+		n := len(k.cells)
+		fr.state, fr.demand, fr.want = grow(fr.state, n), grow(fr.demand, n), grow(fr.want, n)
+		for i, kc := range k.cells {
+			cs = append(cs, kc.c)
+			switch {
+			case kc.in.legacy || kc.hot < hotAfter:
+				fr.state[i] = memberOut
+			case f.renewable(now, kc.in):
+				fr.state[i] = memberLive
+				reach++
+				sum += float64(kc.in.w[k.limit].share)
+				if kc.streak >= steadyStreak {
+					steady++
+				}
+			default:
+				fr.state[i] = memberFrozen
+			}
+			fr.demand[i] = float64(kc.c.demand)
+		}
+		few := !legacy && !unaware && (steady == reach && steady > 0 && 4*reach <= live || k.rest.target < 1 && reach > 0 && 2*reach <= live)
+		lockstep := true // every weight of its own is within its instance's weight for the limit
+		for i, kc := range k.cells {
+			lockstep = lockstep && cs[i].bound <= kc.in.w[k.limit].bound
+		}
 		switch {
-		case in.legacy && f.holds(now, in):
-			legacy = i
-		case f.renewable(now, in):
+		case few && k.rest.target == 1:
+			k.rest.target = keyRest
+		case !few && k.rest.target < 1 && !quiet && !legacy && lockstep && !k.apart:
+			k.rest.target = 1
+		}
+		if t := k.rest.target; t != k.rest.share && (t < k.rest.share || !quiet && !legacy) {
+			fr.setRest(k, t)
+			restMoved = true
+		}
+		if !few {
+			k.apart = false
+		}
+		if !k.apart && few && k.rest.bound <= keyRest && fits(cs) {
+			k.apart = true
+		}
+		if k.apart {
+			if retarget {
+				divide(cs, fr.state, fr.demand, 1-keyRest, fr.want)
+			}
+			// The rest factor takes its part of the vector.
+			cs = append(cs, cell{share: k.rest.bound, bound: k.rest.bound, target: k.rest.bound})
+			grant(cs, nil, weightHysteresis/2, clip)
+			cs = cs[:len(cs)-1]
+		} else {
+			// Each follows its weight for the limit (scaled to fit within
+			// 1 − keyRest, so that the key may go apart), and none once
+			// the key is back to the limit's weights.
+			scale := 1.0
+			if sum > 1-keyRest {
+				scale = (1 - keyRest) / sum
+			}
+			for i, kc := range k.cells {
+				w := kc.in.w[k.limit].share
+				var t float32
+				switch {
+				case !few || k.rest.share == 1 || fr.state[i] == memberOut:
+					// it applies its weight for the limit × the rest factor
+				case fr.state[i] == memberFrozen:
+					t = min(cs[i].share, w)
+				default:
+					t = min(down32(float64(w)*scale), w)
+				}
+				if t < cs[i].share || lockstep && clip == nil {
+					cs[i].target = t
+					cs[i].set(t)
+				}
+			}
+		}
+		for i, kc := range k.cells {
+			kc.c = cs[i]
+			kc.in.moved = kc.in.moved || kc.c.flags&dirty != 0
+		}
+		fr.cells = cs
+		for i := len(k.cells) - 1; i >= 0; i-- {
+			if kc := k.cells[i]; kc.c.share == 0 && kc.c.bound == 0 && kc.c.target == 0 && fr.state[i] == memberOut {
+				f.removeCell(fr, kc)
+			}
+		}
+		if len(k.cells) == 0 && k.rest.share == 1 && k.rest.bound == 1 && k.restVer <= fr.restMin {
+			f.removeKey(fr, k)
+		}
+	}
+	return restMoved
+}
+
+// fits reports whether the weights of their own of a key (cells cs) fit
+// within 1 − keyRest.
+func fits(cs []cell) bool {
+	sum := 0.0
+	for i := range cs {
+		sum += float64(cs[i].bound)
+	}
+	return sum <= 1-keyRest
+}
+
+// keyTTL is how long an instance keeps a weight of its own for a hot key
+// after it last reported the key near its limit or rejected: HotTTL less
+// a period, so that it gives it up before the region's share of the key
+// follows the default vector again.
+func (f *Fleet) keyTTL() time.Duration {
+	return max(f.co.cfg.HotTTL-f.co.cfg.Period, f.co.cfg.HotTTL/2)
+}
+
+// divide sets the targets of one vector's cells cs, by instance (state
+// and demand by instance): an instance that does not know instances
+// holds everything while it may hold share; a frozen one keeps what it
+// has; the live ones share avail less what the frozen ones hold,
+// weightFloor of it evenly and the rest by their demand; the others get
+// nothing. The cells move only when one would move by more than
+// weightHysteresis (at most the even part of a live one's weight) and by
+// more than a third of what it is, so that noise in the demand of evenly
+// loaded instances does not shuffle them, or when
+// the live ones leave more than weightHysteresis of it unused (what an
+// instance that left gave up, spread over many). want is scratch space,
+// at least len(cs) long.
+func divide(cs []cell, state []uint8, demand []float64, avail float64, want []float32) {
+	all, live, sum := false, 0, 0.0
+	for i := range cs {
+		switch state[i] {
+		case memberAll:
+			all = true
+		case memberLive:
 			live++
-			demand += in.demand(l)
-		default:
+			sum += demand[i]
+		case memberFrozen:
 			avail -= float64(cs[i].share)
 		}
 	}
 	avail = max(avail, 0)
-	moved := false
-	want := make([]float32, len(cs))
-	for i, in := range fr.insts {
+	moved, unused := false, avail
+	// The absolute part of the hysteresis is at most the even part of one
+	// live instance's weight: with many instances a weight is smaller than
+	// weightHysteresis, and an instance that holds nothing would never get
+	// one.
+	hysteresis := weightHysteresis
+	if live > 0 {
+		hysteresis = min(hysteresis, weightFloor*avail/float64(live))
+	}
+	for i := range cs {
+		if state[i] == memberLive {
+			unused -= float64(cs[i].share)
+		}
+		want[i] = 0
 		switch {
-		case legacy >= 0:
-			if i == legacy {
+		case all:
+			if state[i] == memberAll {
 				want[i] = 1
 			}
-		case in.legacy:
-		case !f.renewable(now, in):
-			want[i] = cs[i].share // frozen until its grant expires
-		case demand > 0:
-			want[i] = down32(avail * (weightFloor/float64(live) + (1-weightFloor)*in.demand(l)/demand))
+		case state[i] == memberFrozen:
+			want[i] = cs[i].share
+		case state[i] != memberLive:
+		case sum > 0:
+			want[i] = down32(avail * (weightFloor/float64(live) + (1-weightFloor)*demand[i]/sum))
 		default:
 			want[i] = down32(avail / float64(live))
 		}
 		d := math.Abs(float64(want[i] - cs[i].share))
-		if d > weightHysteresis && d > float64(max(want[i], cs[i].share))/3 {
+		if d > hysteresis && d > float64(max(want[i], cs[i].share))/3 {
 			moved = true
 		}
 	}
+	moved = moved || !all && live > 0 && unused > weightHysteresis
 	for i := range cs {
 		cs[i].target = cs[i].share
 		if moved {
@@ -715,11 +1182,137 @@ func (f *Fleet) targets(now time.Time, fr *fleetRegion, l string, cs []cell) {
 	}
 }
 
+// grow returns s with at least n elements.
+func grow[T any](s []T, n int) []T {
+	if len(s) < n {
+		s = append(s, make([]T, n-len(s))...)
+	}
+	return s
+}
+
 func (in *fleetInstance) demand(limit string) float64 {
 	if lr := in.rates[limit]; lr != nil {
 		return lr.admitted + lr.rejected
 	}
 	return 0
+}
+
+// keyDemand is the instance's demand for one key in its latest report (0
+// if the report did not count the key's traffic).
+func (in *fleetInstance) keyDemand(id keyID) float64 {
+	if lr := in.rates[id.limit]; lr != nil {
+		if kr := lr.keys[id.key]; kr != nil {
+			return kr.admitted + kr.rejected
+		}
+	}
+	return 0
+}
+
+// noteHot takes report m of instance in, which covers dt: it averages the
+// instance's demand for each key it has a weight of its own for, with a
+// half-life of one rebalance period (a report counts a key's traffic
+// only from the request that made the key hot in its interval, so one
+// report's figure swings from 0 to the key's whole rate), and records
+// the hot keys of Weighted limits that m says are near their limit or
+// rejected: the instance gets (or keeps) a weight of its own for each.
+func (f *Fleet) noteHot(now time.Time, fr *fleetRegion, in *fleetInstance, m Report, dt time.Duration) {
+	keep := float32(math.Exp2(-float64(dt) / float64(f.co.cfg.Period)))
+	for _, kc := range in.keys {
+		kc.c.demand = kc.c.demand*keep + float32(in.keyDemand(kc.k.id))*(1-keep)
+		switch lr := in.rates[kc.k.id.limit]; {
+		case lr != nil && lr.keys[kc.k.id.key] != nil && lr.keys[kc.k.id.key].near:
+			kc.streak = min(kc.streak, 254) + 1
+		default:
+			kc.streak = 0
+		}
+	}
+	for _, ld := range m.Limits {
+		j := slices.Index(f.weighted, ld.Limit)
+		if j < 0 || !f.serving(in, j) || !in.keyAware {
+			continue // it holds nothing of the limit (every key is rejected there), or it knows no weights of its own
+		}
+		for _, kd := range ld.Keys {
+			if !kd.NearLimit && kd.Rejected == 0 {
+				continue
+			}
+			id := keyID{ld.Limit, kd.Key}
+			kc := in.byKey[id]
+			if kc == nil {
+				kc = f.addCell(fr, in, j, id)
+				kc.c.demand, kc.streak = float32(in.keyDemand(id)), 1
+			}
+			kc.hot = now.UnixNano()
+		}
+	}
+}
+
+// serving reports whether instance in applies a part of the j-th
+// Weighted limit: a positive weight it acked, or one it is being lowered
+// from (a raise not acked yet may be one from nothing).
+func (f *Fleet) serving(in *fleetInstance, j int) bool {
+	c := in.w[j]
+	return in.legacy || c.share > 0 && (c.flags&pending == 0 || c.bound > c.share)
+}
+
+// key returns fr's hot key id of the j-th Weighted limit, added (with a
+// rest factor of 1) if new.
+func (f *Fleet) key(fr *fleetRegion, j int, id keyID) *fleetKey {
+	k := fr.keys[id]
+	if k == nil {
+		id.key = strings.Clone(id.key) // do not pin the report's buffer
+		k = &fleetKey{id: id, limit: j, pos: len(fr.keyList), rest: cell{share: 1, bound: 1, target: 1}}
+		fr.keys[id] = k
+		fr.keyList = append(fr.keyList, k)
+	}
+	return k
+}
+
+// removeKey deletes key k of fr, which has no weights of its own and a
+// rest factor of 1 that every instance acked.
+func (f *Fleet) removeKey(fr *fleetRegion, k *fleetKey) {
+	last := fr.keyList[len(fr.keyList)-1]
+	fr.keyList[k.pos], last.pos = last, k.pos
+	fr.keyList[len(fr.keyList)-1] = nil
+	fr.keyList = fr.keyList[:len(fr.keyList)-1]
+	delete(fr.keys, k.id)
+}
+
+// addCell gives instance in of fr a weight of its own (at 0) for key id
+// of the j-th Weighted limit.
+func (f *Fleet) addCell(fr *fleetRegion, in *fleetInstance, j int, id keyID) *keyCell {
+	k := f.key(fr, j, id)
+	kc := &keyCell{in: in, k: k, kpos: int32(len(k.cells)), ipos: int32(len(in.keys))}
+	k.cells = append(k.cells, kc)
+	in.keys = append(in.keys, kc)
+	if in.byKey == nil {
+		in.byKey = map[keyID]*keyCell{}
+	}
+	in.byKey[k.id] = kc
+	return kc
+}
+
+// removeCell deletes a weight of its own that is 0 and acknowledged (or
+// that its instance no longer holds).
+func (f *Fleet) removeCell(fr *fleetRegion, kc *keyCell) {
+	k, in := kc.k, kc.in
+	last := k.cells[len(k.cells)-1]
+	k.cells[kc.kpos], last.kpos = last, kc.kpos
+	k.cells[len(k.cells)-1] = nil
+	k.cells = k.cells[:len(k.cells)-1]
+	ilast := in.keys[len(in.keys)-1]
+	in.keys[kc.ipos], ilast.ipos = ilast, kc.ipos
+	in.keys[len(in.keys)-1] = nil
+	in.keys = in.keys[:len(in.keys)-1]
+	delete(in.byKey, k.id)
+}
+
+// dropCells deletes every weight of its own of instance in, which holds
+// nothing any more.
+func (f *Fleet) dropCells(fr *fleetRegion, in *fleetInstance) {
+	for len(in.keys) > 0 {
+		f.removeCell(fr, in.keys[len(in.keys)-1])
+	}
+	in.restAcked, in.restSent = 0, nil
 }
 
 // checkReport refuses what the Coordinator would refuse of a report: an
@@ -754,7 +1347,9 @@ func reportInterval(from, to time.Time) time.Duration {
 
 // rates converts an instance's report into rates over the interval since
 // its previous report (the first is taken to cover defaultReportInterval,
-// as the Coordinator takes a region's first).
+// as the Coordinator takes a region's first). Keys without traffic are
+// left out: an instance reports every key it holds a share of its own
+// for, and the Coordinator counts a key left out of a report at 0.
 func rates(in *fleetInstance, m Report) streamReport {
 	sr := streamReport{}
 	perSec := 1 / reportInterval(in.lastAt, m.At).Seconds() // the first covers defaultReportInterval, as a region's does
@@ -768,6 +1363,9 @@ func rates(in *fleetInstance, m Report) streamReport {
 		lr.admitted += ld.Admitted * perSec
 		lr.rejected += ld.Rejected * perSec
 		for _, kd := range ld.Keys {
+			if kd.Admitted == 0 && kd.Rejected == 0 && !kd.NearLimit {
+				continue // a key it holds a share of its own for, without traffic: as if absent
+			}
 			if lr.keys == nil {
 				lr.keys = map[string]*keyRate{}
 			}
@@ -783,6 +1381,14 @@ func rates(in *fleetInstance, m Report) streamReport {
 	}
 	return sr
 }
+
+// regionHotMin: a key of a Weighted limit is hot in a region only if the
+// region's demand for it (the traffic its instances counted, from the
+// request that made it hot) is at least this part of the region's
+// allowance for it, the region's share × the limit's rate (plans and
+// overrides are not known here: a key whose limit they raise counts as
+// hot sooner).
+const regionHotMin = 0.05
 
 // maxForwardGap bounds how long a region's report waits for a connected
 // instance that does not report.
@@ -808,8 +1414,15 @@ func (f *Fleet) roundDone(fr *fleetRegion, at time.Time) bool {
 // later than the region's previous one (instances' clocks and reports
 // interleave: a report not later only updates its instance's rates): its
 // amounts are the sum over the region's connected instances of their
-// rates times the interval since the region's previous report; a key is
-// near its limit if any instance's latest report says so.
+// rates times the interval since the region's previous report. A key is
+// near its limit (hot) if an instance's latest report says it is near or
+// rejected it, except, for a Weighted limit, when that instance holds
+// nothing of the limit, or when the region's demand for the key is below
+// regionHotMin of the region's allowance for it (an instance's part of a
+// region's share is small, so it sees keys near that are far from the
+// region's allowance: tracked, every one of them would cost a share at
+// every instance of the region). Such a key's demand is forwarded, as
+// admitted.
 func (f *Fleet) forwardReport(now time.Time, fr *fleetRegion, at time.Time) error {
 	if !at.After(fr.at) {
 		return nil
@@ -820,12 +1433,17 @@ func (f *Fleet) forwardReport(now time.Time, fr *fleetRegion, at time.Time) erro
 		var ld LimitDemand
 		seen := false
 		keys := map[string]*keyRate{}
+		w := slices.Index(f.weighted, limit)
 		for _, in := range fr.insts {
 			lr := in.rates[limit]
 			if lr == nil || !in.attached {
 				continue
 			}
 			seen = true
+			// An instance that holds nothing of the limit rejects every
+			// key: that says nothing of the keys' allowance (every key a
+			// starting instance sees would be hot for HotTTL).
+			serving := w < 0 || f.serving(in, w)
 			ld.Admitted += lr.admitted
 			ld.Rejected += lr.rejected
 			for k, kr := range lr.keys {
@@ -836,7 +1454,7 @@ func (f *Fleet) forwardReport(now time.Time, fr *fleetRegion, at time.Time) erro
 				}
 				sum.admitted += kr.admitted
 				sum.rejected += kr.rejected
-				sum.near = sum.near || kr.near
+				sum.near = sum.near || kr.near && serving
 			}
 		}
 		if !seen {
@@ -849,9 +1467,20 @@ func (f *Fleet) forwardReport(now time.Time, fr *fleetRegion, at time.Time) erro
 			ks = append(ks, k)
 		}
 		slices.Sort(ks)
+		var perSec float64 // the limit's rate, before plans and overrides
+		if l := f.dom.Limit(limit); l != nil && l.Rate.Period > 0 {
+			perSec = float64(l.Rate.Amount) / l.Rate.Period.Seconds()
+		}
 		for _, k := range ks {
 			kr := keys[k]
-			ld.Keys = append(ld.Keys, KeyDemand{Key: k, Admitted: amount(kr.admitted * dt), Rejected: amount(kr.rejected * dt), NearLimit: kr.near})
+			kd := KeyDemand{Key: k, Admitted: amount(kr.admitted * dt), Rejected: amount(kr.rejected * dt), NearLimit: kr.near}
+			if w >= 0 && kr.admitted+kr.rejected < regionHotMin*fr.shares.Share(limit, k)*perSec {
+				kr.near = false
+			}
+			if !kr.near { // its demand, and nothing that makes it hot
+				kd = KeyDemand{Key: k, Admitted: amount((kr.admitted + kr.rejected) * dt)}
+			}
+			ld.Keys = append(ld.Keys, kd)
 		}
 		rep.Limits = append(rep.Limits, ld)
 	}

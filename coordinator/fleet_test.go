@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -31,6 +32,8 @@ type fleetWorld struct {
 	now   time.Time
 	f     *Fleet
 	insts map[string]*fleetInst // by id
+	snap  Snapshot              // what the Fleets persisted
+	keys  []string              // keys of the local limit whose sums check checks
 }
 
 type fleetInst struct {
@@ -40,9 +43,16 @@ type fleetInst struct {
 	inbox      []Assignment // from the Fleet, not yet applied
 	applied    map[keyID]float64
 	reported   time.Time // At of its latest report
+	older      bool      // it connects as an enforcer of an earlier release: not KeyAware
 }
 
 func newFleetWorld(t testing.TB, prev *Fleet) *fleetWorld {
+	return newFleetWorldHot(t, prev, 0)
+}
+
+// newFleetWorldHot is newFleetWorld with a Coordinator's HotTTL (0: the
+// default).
+func newFleetWorldHot(t testing.TB, prev *Fleet, hotTTL time.Duration) *fleetWorld {
 	cfg, err := allot.ParseConfig("fleet.yaml", []byte(fleetConfig))
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +62,7 @@ func newFleetWorld(t testing.TB, prev *Fleet) *fleetWorld {
 	if prev != nil {
 		term = prev.co.term + 1
 	}
-	f, err := NewFleet(now, FleetConfig{Coordinator: Config{Domain: cfg.Domain("api"), Term: term, Period: time.Second, DeadAfter: 3 * time.Second},
+	f, err := NewFleet(now, FleetConfig{Coordinator: Config{Domain: cfg.Domain("api"), Term: term, Period: time.Second, DeadAfter: 3 * time.Second, HotTTL: hotTTL},
 		GrantTTL: 5 * time.Second, MaxSkew: 500 * time.Millisecond}, Snapshot{}, prev)
 	if err != nil {
 		t.Fatal(err)
@@ -60,9 +70,47 @@ func newFleetWorld(t testing.TB, prev *Fleet) *fleetWorld {
 	return &fleetWorld{t: t, now: now, f: f, insts: map[string]*fleetInst{}}
 }
 
+// newLeader replaces the Fleet by one of the next term, starting from what
+// the Fleets persisted, that continues the old one (prev) or not (a
+// failover). Every stream of the old one ends.
+func (w *fleetWorld) newLeader(continues bool) {
+	cfg := w.f.cfg
+	cfg.Coordinator.Term = w.f.co.term + 1
+	var prev *Fleet
+	if continues {
+		prev = w.f
+	}
+	f, err := NewFleet(w.now, cfg, w.snap, prev)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.f = f
+	for _, in := range w.insts {
+		in.up, in.inbox = false, nil
+	}
+}
+
 func (w *fleetWorld) dom() *allot.Domain { return w.f.dom }
 
 func (w *fleetWorld) out(rd Ready) {
+	for _, rec := range rd.Persist {
+		i := slices.IndexFunc(w.snap.Records, func(r Record) bool { return r.Limit == rec.Limit && r.Key == rec.Key })
+		switch {
+		case rec.Cells == nil && i >= 0:
+			w.snap.Records = slices.Delete(w.snap.Records, i, i+1)
+		case rec.Cells == nil:
+		case i >= 0:
+			w.snap.Records[i] = rec
+		default:
+			w.snap.Records = append(w.snap.Records, rec)
+		}
+	}
+	if rd.Members != nil {
+		w.snap.Members = rd.Members
+	}
+	if len(rd.Persist) > 0 { // as etcdstore: a Ready of members only writes no Term
+		w.snap.Term, w.snap.Version = rd.Term, rd.Version
+	}
 	for _, a := range rd.Send {
 		if in := w.insts[a.Instance]; in != nil && in.up {
 			in.inbox = append(in.inbox, a)
@@ -96,6 +144,9 @@ func (w *fleetWorld) connect(in *fleetInst) {
 	in.up = true
 	in.x.Reconnect()
 	hello, ws := in.x.Hello()
+	if in.older {
+		ws = slices.DeleteFunc(ws, func(w Weight) bool { return w == KeyAware })
+	}
 	rd, err := w.f.Attach(w.now, in.region, in.id, false, hello, ws)
 	if err != nil {
 		w.t.Fatal(err)
@@ -127,13 +178,16 @@ func (w *fleetWorld) deliver(in *fleetInst) {
 	}
 }
 
-func (w *fleetWorld) report(in *fleetInst, loc float64) {
+func (w *fleetWorld) report(in *fleetInst, loc float64) { w.reportKeys(in, loc, nil) }
+
+// reportKeys reports in's demand, with keys of the local limit.
+func (w *fleetWorld) reportKeys(in *fleetInst, loc float64, keys []KeyDemand) {
 	if !in.up || !w.now.After(in.reported) {
 		return
 	}
 	in.reported = w.now
 	rd, err := w.f.Step(w.now, Report{Domain: "api", Region: in.region, Instance: in.id, At: w.now,
-		Limits: []LimitDemand{{Limit: "loc", Admitted: loc}, {Limit: "ex", Admitted: loc}}})
+		Limits: []LimitDemand{{Limit: "loc", Admitted: loc, Keys: keys}, {Limit: "ex", Admitted: loc}}})
 	if err != nil {
 		w.t.Fatalf("report of %s refused: %v", in.id, err)
 	}
@@ -148,20 +202,32 @@ func (w *fleetWorld) advance(d time.Duration) {
 	w.out(w.f.Tick(w.now))
 }
 
-// check fails if what every instance applies exceeds the limit: for the
-// local limit, the sum over every instance of every region; for the exact
-// one (counted in a regional store), the sum over regions of the largest
-// share any instance of the region applies.
+// check fails if what every instance applies exceeds the limit, for the
+// default vectors and for each of w.keys: for the local limit, the sum
+// over every instance of every region; for the exact one (counted in a
+// regional store), the sum over regions of the largest share any
+// instance of the region applies.
 func (w *fleetWorld) check(what string) {
 	w.t.Helper()
-	loc, ex := 0.0, map[string]float64{}
-	for _, in := range w.insts {
-		loc += in.applied[keyID{limit: "loc"}]
-		ex[in.region] = max(ex[in.region], in.applied[keyID{limit: "ex"}])
+	for _, key := range append([]string{""}, w.keys...) {
+		loc, ex := 0.0, map[string]float64{}
+		for _, in := range w.insts {
+			loc += in.level("loc", key)
+			ex[in.region] = max(ex[in.region], in.level("ex", key))
+		}
+		if loc > 1+1e-6 || ex["us-east"]+ex["eu-west"] > 1+1e-6 {
+			w.t.Fatalf("%s: applied shares of key %q sum above 1: local %v, exact %v", what, key, loc, ex)
+		}
 	}
-	if loc > 1+1e-6 || ex["us-east"]+ex["eu-west"] > 1+1e-6 {
-		w.t.Fatalf("%s: applied shares sum above 1: local %v, exact %v", what, loc, ex)
+}
+
+// level is what in applies for a key of a limit: the key's own share in
+// its engine, or the limit's default.
+func (in *fleetInst) level(limit, key string) float64 {
+	if v, ok := in.applied[keyID{limit, key}]; ok {
+		return v
 	}
+	return in.applied[keyID{limit: limit}]
 }
 
 func (w *fleetWorld) loc(in *fleetInst) float64 { return in.applied[keyID{limit: "loc"}] }
@@ -294,43 +360,91 @@ func TestFleetContinues(t *testing.T) {
 }
 
 // TestFleetNeverOverAllocates drives a Fleet and its instances through
-// random connects, cuts, demand, deliveries, restarts and time, and checks
-// after every step that what every instance applies stays within the
-// limit.
+// random connects, cuts, demand (of the limits and of hot keys that
+// instances report near their limit, so that keys get shares, weights of
+// their own and rest factors, and lose them again), deliveries, lost
+// messages, restarts, graceful stops, leader changes (failovers and new
+// terms of the same process) and time, and checks after every step that
+// what every instance applies stays within the limit, for the default
+// vectors and for every key.
 func TestFleetNeverOverAllocates(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		w := newFleetWorld(t, nil)
+		w := newFleetWorldHot(t, nil, time.Duration(rapid.IntRange(2, 8).Draw(rt, "hotTTLs"))*time.Second)
 		w.t = rt
-		ids := []string{"u1", "u2", "u3", "e1", "e2"}
+		w.keys = []string{"k0", "k1", "k2", "k3"}
+		// Enough instances in a region for a key reported by one of them
+		// to reach few of them (it goes apart).
+		ids := []string{"u1", "u2", "u3", "u4", "u5", "e1", "e2", "e3", "e4"}
 		restarts := 0
 		for _, id := range ids {
 			region := "us-east"
 			if id[0] == 'e' {
 				region = "eu-west"
 			}
-			w.start(region, id)
+			w.start(region, id).older = rapid.IntRange(0, 9).Draw(rt, "older "+id) == 0
 		}
 		pick := func() *fleetInst {
 			id := rapid.SampledFrom(ids).Draw(rt, "inst")
 			return w.insts[id]
 		}
-		for i := range rapid.IntRange(20, 200).Draw(rt, "steps") {
-			switch rapid.IntRange(0, 7).Draw(rt, "op") {
-			case 0:
+		// Each instance has a favourite key that it reports near its
+		// limit more often, so that some keys reach a few instances in a
+		// row of reports.
+		favourite := func(in *fleetInst) string { return w.keys[int(in.id[1])%len(w.keys)] }
+		hot := func(in *fleetInst) {
+			w.reportKeys(in, 500, []KeyDemand{{Key: favourite(in), Admitted: 400, Rejected: 100, NearLimit: true}})
+		}
+		ops := map[string]func(){
+			"connect": func() {
 				if in := pick(); !in.up {
 					w.connect(in)
 				}
-			case 1:
+			},
+			"cut": func() {
 				if in := pick(); in.up {
 					w.cut(in)
 				}
-			case 2:
-				w.report(pick(), float64(rapid.IntRange(0, 1000).Draw(rt, "demand")))
-			case 3, 4:
-				w.deliver(pick())
-			case 5:
+			},
+			"report": func() { // demand, some keys, some of them near their limit
+				in := pick()
+				var keys []KeyDemand
+				for _, k := range w.keys {
+					switch rapid.IntRange(0, 3).Draw(rt, "key "+k) {
+					case 1:
+						keys = append(keys, KeyDemand{Key: k}) // a key it holds a share of its own for, without traffic
+					case 2:
+						keys = append(keys, KeyDemand{Key: k, Admitted: float64(rapid.IntRange(0, 100).Draw(rt, "key demand")), NearLimit: true})
+					case 3:
+						keys = append(keys, KeyDemand{Key: k, Admitted: 10, Rejected: float64(rapid.IntRange(1, 100).Draw(rt, "rejected"))})
+					}
+				}
+				w.reportKeys(in, float64(rapid.IntRange(0, 1000).Draw(rt, "demand")), keys)
+			},
+			"hot":     func() { hot(pick()) }, // its favourite key, near its limit
+			"deliver": func() { w.deliver(pick()) },
+			"settle": func() {
+				for _, id := range ids {
+					w.deliver(w.insts[id])
+				}
+			},
+			"round": func() { // the instances that favour one key report it, the others their demand
+				k := rapid.SampledFrom(w.keys).Draw(rt, "round key")
+				for _, id := range ids {
+					if in := w.insts[id]; favourite(in) == k {
+						hot(in)
+					} else {
+						w.report(in, 10)
+					}
+				}
+				w.advance(time.Duration(rapid.IntRange(100, 1500).Draw(rt, "round ms")) * time.Millisecond)
+				for _, id := range ids {
+					w.deliver(w.insts[id])
+				}
+			},
+			"advance": func() {
 				w.advance(time.Duration(rapid.IntRange(1, 3000).Draw(rt, "ms")) * time.Millisecond)
-			case 6: // a restart: a new process, a new id, holding nothing
+			},
+			"restart": func() { // a new process, a new id, holding nothing
 				in := pick()
 				if in.up {
 					w.cut(in)
@@ -346,14 +460,79 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 					}
 				}
 				w.start(in.region, id)
-			case 7:
+			},
+			"lose": func() {
 				if in := pick(); len(in.inbox) > 1 {
-					in.inbox = in.inbox[1:] // a lost message (the stream stays up)
+					j := rapid.IntRange(0, len(in.inbox)-1).Draw(rt, "lost")
+					in.inbox = slices.Delete(in.inbox, j, j+1) // a lost message (the stream stays up)
 				}
+			},
+			"leave": func() { // a graceful stop; the process starts again as a new instance by restart
+				in := pick()
+				if !in.up {
+					return
+				}
+				shares, ack := in.x.Leave()
+				in.apply(shares)
+				ack.Instance = in.id
+				w.check("leave")
+				if rd, err := w.f.Step(w.now, ack); err == nil {
+					w.out(rd)
+				}
+				in.up, in.inbox = false, nil
+			},
+			"leader": func() { w.newLeader(rapid.Bool().Draw(rt, "continues")) },
+			"reorder": func() { // an instance applies its messages in another order (they travel apart)
+				if in := pick(); len(in.inbox) > 1 {
+					j := rapid.IntRange(1, len(in.inbox)-1).Draw(rt, "reorder")
+					in.inbox[0], in.inbox[j] = in.inbox[j], in.inbox[0]
+				}
+			},
+		}
+		var names []string // weighted: mostly traffic and progress, now and then a failure
+		for name, weight := range map[string]int{"connect": 4, "cut": 1, "report": 3, "hot": 3, "deliver": 4, "settle": 2,
+			"round": 4, "advance": 2, "restart": 1, "lose": 1, "leave": 1, "leader": 1, "reorder": 1} {
+			for range weight {
+				names = append(names, name)
 			}
+		}
+		slices.Sort(names)
+		for i := range rapid.IntRange(20, 300).Draw(rt, "steps") {
+			ops[rapid.SampledFrom(names).Draw(rt, "op")]()
 			w.check(fmt.Sprint("step ", i))
+			w.checkIncremental(fmt.Sprint("step ", i))
 		}
 	})
+}
+
+// checkIncremental fails if what an instance's engine applies (the
+// shares its Instance returned, step by step) differs from what the
+// Instance's state says it applies now: an Instance recomputes only what
+// each assignment changes, and this checks that it recomputes enough.
+func (w *fleetWorld) checkIncremental(what string) {
+	w.t.Helper()
+	for _, in := range w.insts {
+		x := in.x
+		ids := map[keyID]bool{}
+		for id := range in.applied {
+			ids[id] = true
+		}
+		for l := range x.region.defaults {
+			ids[keyID{limit: l}] = true
+		}
+		for _, m := range []map[keyID]float64{x.region.keys, x.own, x.rest} {
+			for id := range m {
+				ids[id] = true
+			}
+		}
+		for id := range ids {
+			want, has := x.level(id)
+			got, applied := in.applied[id]
+			if has != applied || has && got != want {
+				w.t.Fatalf("%s: %s applies %v (own share %v) for %s %q; its state says %v (own share %v)", what, in.id, got, applied, id.limit, id.key, want, has)
+			}
+		}
+	}
 }
 
 // The first instance of a region of a domain that never had a leader gets

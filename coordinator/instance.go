@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -21,13 +22,21 @@ import (
 //     because a raise from 0 counts from the next window; see
 //     regional.Engine.)
 //   - What it applies of a Weighted limit is its region's share × its
-//     weight; other limits, the region's share.
+//     weight for the limit, for the limit's default vector and its keys
+//     (a hot key's share for a hot key), except for a key its grant gives
+//     a weight of its own (share × that weight) or a rest factor (share ×
+//     its weight for the limit × the factor). Other limits: the region's
+//     share.
 //   - After its grant's Expires (on its own clock) it holds nothing until
 //     granted again (Expire).
 //   - After Reconnect it applies nothing but a full grant.
 //   - An assignment without a grant comes from a coordinator that does not
 //     know instances (a rolling upgrade): it is applied as a region's
 //     whole share, without expiry.
+//
+// What it computes for an assignment is proportional to what the
+// assignment changes: the shares and weights it carries, and the keys
+// whose level they change.
 //
 // The zero value is not usable; call NewInstance. An Instance is not safe
 // for concurrent use; the caller serialises access.
@@ -36,14 +45,23 @@ type Instance struct {
 	id       string
 	region   *Applier // the region's shares, as last assigned
 	weighted map[string]bool
-	weights  map[string]float64
-	term     int64 // of the latest grant
+	weights  map[string]float64 // by Weighted limit: its weight for the limit
+	own      map[keyID]float64  // its weights of its own, by hot key
+	rest     map[keyID]float64  // the hot keys' rest factors below 1
+	term     int64              // of the latest grant
 	seq      uint64
 	expires  time.Time
 	held     bool // a grant is in force (or an assignment without grants)
 	legacy   bool // the coordinator sends no grants
 	upToDate bool // a full grant was applied since Reconnect
 	applied  map[keyID]float64
+	// dirty are the limits' defaults (key "") and keys whose level may
+	// have changed since the previous diff; dirtyLimits, the limits all of
+	// whose hot keys' and rest factors' levels may have (their weight
+	// changed); all: every level.
+	dirty       map[keyID]struct{}
+	dirtyLimits map[string]bool
+	all         bool
 	// reset, set by a full grant to an instance that held nothing: the
 	// next diff gives every limit's default with Reset, in force since
 	// since (the region's share) or the weight's grant, the later.
@@ -57,7 +75,8 @@ func NewInstance(d *allot.Domain, region, id string) (*Instance, error) {
 	if id == "" {
 		return nil, fmt.Errorf("%w: an instance needs an id", ErrBadConfig)
 	}
-	x := &Instance{id: id, applied: map[keyID]float64{}, weights: map[string]float64{}}
+	x := &Instance{id: id, applied: map[keyID]float64{}, weights: map[string]float64{}, own: map[keyID]float64{},
+		rest: map[keyID]float64{}, dirty: map[keyID]struct{}{}, dirtyLimits: map[string]bool{}, all: true}
 	x.setDomain(d)
 	app, err := NewApplier(d, region, Snapshot{})
 	if err != nil {
@@ -75,6 +94,8 @@ func (x *Instance) setDomain(d *allot.Domain) {
 			x.weighted[l.Name] = true
 		}
 	}
+	maps.DeleteFunc(x.own, func(id keyID, _ float64) bool { return !x.weighted[id.limit] })
+	maps.DeleteFunc(x.rest, func(id keyID, _ float64) bool { return !x.weighted[id.limit] })
 }
 
 // Reconfigure follows a new configuration of the domain: limits it adds
@@ -98,6 +119,7 @@ func (x *Instance) Reconfigure(d *allot.Domain) ([]Share, error) {
 	}
 	x.region = app
 	x.setDomain(d)
+	x.all = true
 	return x.diff(), nil
 }
 
@@ -110,21 +132,44 @@ func (x *Instance) Shares() []Share { return x.diff() }
 func (x *Instance) Reconnect() { x.upToDate = false }
 
 // Hello returns what the instance tells a coordinator when it connects:
-// the latest assignment and grant it applied, and the weights it holds.
+// the latest assignment and grant it applied, and the weights it holds:
+// KeyAware, then for the limits, its own for hot keys, and the rest
+// factors it applies.
 func (x *Instance) Hello() (Ack, []Weight) {
-	ack := Ack{Domain: x.region.domain, Region: x.region.region, Term: x.term, Version: x.region.version, Instance: x.id, Seq: x.seq}
-	if x.term != x.region.term {
-		ack.Version = 0
-	}
-	var ws []Weight
+	ws := []Weight{KeyAware}
 	if x.held && !x.legacy {
 		for _, l := range x.dom.Limits {
 			if x.weighted[l.Name] {
 				ws = append(ws, Weight{Limit: l.Name, Value: x.weights[l.Name]})
 			}
 		}
+		start := len(ws)
+		for id, v := range x.own {
+			ws = append(ws, Weight{Limit: id.limit, Key: id.key, Value: v})
+		}
+		for id, v := range x.rest {
+			ws = append(ws, Weight{Limit: id.limit, Key: id.key, Value: v, Rest: true})
+		}
+		slices.SortFunc(ws[start:], func(a, b Weight) int {
+			rest := func(w Weight) int {
+				if w.Rest {
+					return 1
+				}
+				return 0
+			}
+			return cmp.Or(cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Key, b.Key), cmp.Compare(rest(a), rest(b)))
+		})
 	}
-	return ack, ws
+	return x.ack(), ws
+}
+
+// ack is the ack of the latest assignment and grant applied.
+func (x *Instance) ack() Ack {
+	ack := Ack{Domain: x.region.domain, Region: x.region.region, Term: x.term, Version: x.region.version, Instance: x.id, Seq: x.seq}
+	if x.term != x.region.term {
+		ack.Version = 0
+	}
+	return ack
 }
 
 // Held reports whether a grant is in force.
@@ -167,14 +212,20 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 		if m.Instance != "" {
 			return nil, Ack{}, fmt.Errorf("%w: an assignment for instance %q without a grant", ErrBadValue, m.Instance)
 		}
-		_, ack, err := x.region.Apply(m)
+		changed, ack, err := x.region.Apply(m)
 		if err != nil {
 			return nil, Ack{}, err
+		}
+		if !x.legacy || !x.held {
+			x.all = true // every weight becomes 1
+			clear(x.own)
+			clear(x.rest)
 		}
 		x.legacy, x.held, x.upToDate = true, true, true
 		for l := range x.weighted {
 			x.weights[l] = 1
 		}
+		x.regionChanged(changed)
 		ack.Instance = x.id
 		return x.diff(), ack, nil
 	}
@@ -196,27 +247,18 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 	case newGrant && !now.Before(g.Expires):
 		return nil, Ack{}, fmt.Errorf("%w: a grant that expired at %v (now %v)", ErrStale, g.Expires, now)
 	}
-	weights := map[string]float64{}
+	weights, own, rest := map[string]float64{}, map[keyID]float64{}, map[keyID]float64{}
 	for _, w := range g.Weights {
-		if !x.weighted[w.Limit] || !(w.Value >= 0 && w.Value <= 1) {
-			return nil, Ack{}, fmt.Errorf("%w: weight %v of %q", ErrBadValue, w.Value, w.Limit)
+		if !x.weighted[w.Limit] || !(w.Value >= 0 && w.Value <= 1) || w.Rest && w.Key == "" {
+			return nil, Ack{}, fmt.Errorf("%w: weight %v of %q %q", ErrBadValue, w.Value, w.Limit, w.Key)
 		}
-		weights[w.Limit] = w.Value
-	}
-	if g.Full && !x.held {
-		// An instance that held nothing learns from when each share was in
-		// force: the region's since then, its weight since now (or since
-		// always, from allowance no instance held before).
-		x.reset, x.since = true, map[string]time.Time{}
-		for _, s := range m.Shares {
-			if s.Key == "" {
-				x.since[s.Limit] = s.Since
-			}
-		}
-		for l := range x.weighted {
-			if !g.Fresh && x.since[l].Before(now) {
-				x.since[l] = now
-			}
+		switch id := (keyID{w.Limit, w.Key}); {
+		case w.Key == "":
+			weights[w.Limit] = w.Value
+		case w.Rest:
+			rest[id] = w.Value
+		default:
+			own[id] = w.Value
 		}
 	}
 	switch {
@@ -236,27 +278,139 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 		}
 		app.term, app.version = m.Term, m.Version
 		x.region = app
+		x.all = true
 	case m.Version == 0 && len(m.Shares) == 0: // a grant only
 	default:
-		_, _, err := x.region.Apply(Assignment{Domain: m.Domain, Region: m.Region, Term: m.Term, Version: m.Version, Shares: m.Shares})
+		changed, _, err := x.region.Apply(Assignment{Domain: m.Domain, Region: m.Region, Term: m.Term, Version: m.Version, Shares: m.Shares})
 		if err != nil && !errors.Is(err, ErrStale) { // a late one: its grant may still be new
 			return nil, Ack{}, err
 		}
+		x.regionChanged(changed)
+	}
+	if g.Full && !x.held {
+		// An instance that held nothing learns from when each share was in
+		// force: the region's since then, its weight since now (or since
+		// always, from allowance no instance held before).
+		x.reset, x.since = true, map[string]time.Time{}
+		for _, s := range m.Shares {
+			if s.Key == "" {
+				x.since[s.Limit] = s.Since
+			}
+		}
+		for l := range x.weighted {
+			if !g.Fresh && x.since[l].Before(now) {
+				x.since[l] = now
+			}
+		}
 	}
 	if newGrant || g.Full {
-		x.weights, x.term, x.seq, x.expires = weights, m.Term, g.Seq, g.Expires
+		x.setWeights(weights, own)
+		x.setRest(rest, g.Full)
+		if !x.held || x.legacy {
+			x.all = true
+		}
+		x.term, x.seq, x.expires = m.Term, g.Seq, g.Expires
 		x.held, x.legacy = true, false
 	}
 	x.upToDate = x.upToDate || g.Full
-	ack, _ := x.Hello()
-	return x.diff(), ack, nil
+	return x.diff(), x.ack(), nil
+}
+
+// regionChanged marks what the region's changed shares need recomputing:
+// a limit's default share sets the level of its default and of the keys
+// with a weight or rest factor of their own that follow it; a key's
+// share, that key's.
+func (x *Instance) regionChanged(changed []Share) {
+	for _, s := range changed {
+		if s.Key == "" {
+			x.defaultChanged(s.Limit)
+		} else {
+			x.touch(keyID{s.Limit, s.Key})
+		}
+	}
+}
+
+// setWeights takes the weights of a new grant, marking what they change.
+func (x *Instance) setWeights(weights map[string]float64, own map[keyID]float64) {
+	for l := range x.weighted {
+		if weights[l] != x.weights[l] {
+			x.weightChanged(l)
+		}
+	}
+	for id, v := range x.own {
+		if w, ok := own[id]; !ok || w != v {
+			x.touch(id)
+		}
+	}
+	for id := range own {
+		if _, ok := x.own[id]; !ok {
+			x.touch(id)
+		}
+	}
+	x.weights, x.own = weights, own
+}
+
+// setRest takes the rest factors of a new grant: all of them (full), or
+// those that changed (1: back to the default), marking what they change.
+func (x *Instance) setRest(rest map[keyID]float64, full bool) {
+	if full {
+		for id := range x.rest {
+			if _, ok := rest[id]; !ok {
+				delete(x.rest, id)
+				x.touch(id)
+			}
+		}
+	}
+	for id, v := range rest {
+		if old, ok := x.rest[id]; !ok && v < 1 || ok && old != v {
+			x.touch(id)
+		}
+		if v < 1 {
+			x.rest[id] = v
+		} else {
+			delete(x.rest, id)
+		}
+	}
+}
+
+func (x *Instance) touch(id keyID) {
+	if !x.all {
+		x.dirty[id] = struct{}{}
+	}
+}
+
+// defaultChanged marks the levels that limit l's default share sets: its
+// default's and those of its keys with a weight or rest factor of their
+// own that follow it.
+func (x *Instance) defaultChanged(l string) {
+	if x.all {
+		return
+	}
+	x.touch(keyID{limit: l})
+	for _, m := range []map[keyID]float64{x.own, x.rest} {
+		for id := range m {
+			if _, regionOwn := x.region.keys[id]; id.limit == l && !regionOwn {
+				x.touch(id)
+			}
+		}
+	}
+}
+
+// weightChanged marks the levels that the weight for limit l sets: its
+// default's, its hot keys' and those with a rest factor.
+func (x *Instance) weightChanged(l string) {
+	if x.all {
+		return
+	}
+	x.touch(keyID{limit: l})
+	x.dirtyLimits[l] = true
 }
 
 // Leave drops every share to nothing for good (a graceful stop) and
 // returns the shares to apply and the ack that tells the coordinator so.
 func (x *Instance) Leave() ([]Share, Ack) {
-	x.held, x.legacy = false, false
-	ack, _ := x.Hello()
+	x.held, x.legacy, x.all = false, false, true
+	ack := x.ack()
 	ack.Leaving = true
 	return x.diff(), ack
 }
@@ -267,84 +421,167 @@ func (x *Instance) Expire(now time.Time) []Share {
 	if !x.held || x.legacy || now.Before(x.expires) {
 		return nil
 	}
-	x.held = false
+	x.held, x.all = false, true
 	return x.diff()
 }
 
-// level is what the engine applies for the default (key "") or a hot key
-// with a share of its own, by the state now.
-func (x *Instance) level(limit string, own float64, hasOwn bool) float64 {
+// level is what the engine applies for the default (key "") or a key of
+// a limit by the state now, and whether the key has a share of its own in
+// the engine (false: it follows the limit's default there).
+func (x *Instance) level(id keyID) (float64, bool) {
+	if id.key == "" {
+		if !x.held {
+			return 0, true
+		}
+		s := x.region.defaults[id.limit]
+		if x.weighted[id.limit] {
+			s *= x.weights[id.limit]
+		}
+		return s, true
+	}
 	if !x.held {
-		return 0
+		return 0, false
 	}
-	s := x.region.defaults[limit]
-	if hasOwn {
-		s = own
+	s, regionOwn := x.region.keys[id]
+	if !x.weighted[id.limit] || x.legacy { // undivided, or all of it (weight 1)
+		return s, regionOwn
 	}
-	if x.weighted[limit] {
-		s *= x.weights[limit]
+	if !regionOwn {
+		s = x.region.defaults[id.limit]
 	}
-	return s
+	w := x.weights[id.limit]
+	if own, ok := x.own[id]; ok {
+		w = own
+	} else if r, ok := x.rest[id]; ok {
+		w *= r
+	} else if !regionOwn {
+		return 0, false // it follows the limit's default
+	}
+	return s * w, true
 }
 
 // diff returns the shares that changed since the previous diff, the ones
-// that lower what the instance applies first.
+// that lower what the instance applies first. It recomputes only the
+// levels marked dirty (all of them after a full grant, a change of held,
+// or a reconfiguration).
 func (x *Instance) diff() []Share {
-	next := map[keyID]float64{}
-	for l := range x.region.defaults {
-		next[keyID{limit: l}] = x.level(l, 0, false)
-	}
-	for id, v := range x.region.keys {
-		if x.held {
-			next[id] = x.level(id.limit, v, true)
+	var ids []keyID
+	if x.all {
+		seen := map[keyID]bool{}
+		add := func(id keyID) {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+		for l := range x.region.defaults {
+			add(keyID{limit: l})
+		}
+		for id := range x.region.keys {
+			add(id)
+		}
+		for id := range x.own {
+			add(id)
+		}
+		for id := range x.rest {
+			add(id)
+		}
+		for id := range x.applied {
+			add(id)
+		}
+	} else {
+		ids = slices.AppendSeq(make([]keyID, 0, len(x.dirty)), maps.Keys(x.dirty))
+		if len(x.dirtyLimits) > 0 {
+			for id := range x.region.keys {
+				if _, ok := x.dirty[id]; !ok && x.dirtyLimits[id.limit] {
+					ids = append(ids, id)
+				}
+			}
+			for id := range x.rest {
+				_, ok := x.dirty[id]
+				_, inRegion := x.region.keys[id] // added above
+				if !ok && !inRegion && x.dirtyLimits[id.limit] {
+					ids = append(ids, id)
+				}
+			}
 		}
 	}
-	levelOf := func(m map[keyID]float64, id keyID) float64 {
-		if v, ok := m[id]; ok {
+	if len(x.dirty) > 1024 {
+		x.dirty = map[keyID]struct{}{} // do not keep a map the size of every hot key
+	} else {
+		clear(x.dirty)
+	}
+	clear(x.dirtyLimits)
+	x.all = false
+	slices.SortFunc(ids, func(a, b keyID) int { return cmp.Or(cmp.Compare(a.limit, b.limit), cmp.Compare(a.key, b.key)) })
+	next := make([]float64, len(ids))
+	has := make([]bool, len(ids))
+	for i, id := range ids {
+		next[i], has[i] = x.level(id)
+	}
+	defaultOf := func(limit string, applied bool) float64 {
+		if !applied {
+			if i, ok := slices.BinarySearchFunc(ids, keyID{limit: limit}, func(a, b keyID) int {
+				return cmp.Or(cmp.Compare(a.limit, b.limit), cmp.Compare(a.key, b.key))
+			}); ok {
+				return next[i]
+			}
+		}
+		return x.applied[keyID{limit: limit}]
+	}
+	nextLevel := func(i int) float64 {
+		if has[i] {
+			return next[i]
+		}
+		return defaultOf(ids[i].limit, false)
+	}
+	appliedLevel := func(id keyID) float64 {
+		if v, ok := x.applied[id]; ok {
 			return v
 		}
-		return m[keyID{limit: id.limit}]
+		return defaultOf(id.limit, true)
 	}
 	var lower, raise []Share
 	if x.reset {
 		x.reset = false
 		for _, l := range x.dom.Limits {
 			id := keyID{limit: l.Name}
-			s := Share{Limit: l.Name, Value: next[id], Reset: true, Since: x.since[l.Name]}
-			if next[id] < levelOf(x.applied, id) {
+			i, ok := slices.BinarySearchFunc(ids, id, func(a, b keyID) int {
+				return cmp.Or(cmp.Compare(a.limit, b.limit), cmp.Compare(a.key, b.key))
+			})
+			if !ok {
+				continue
+			}
+			s := Share{Limit: l.Name, Value: next[i], Reset: true, Since: x.since[l.Name]}
+			if next[i] < appliedLevel(id) {
 				lower = append(lower, s)
 			} else {
 				raise = append(raise, s)
 			}
-			x.applied[id] = next[id]
+			x.applied[id] = next[i]
 		}
 	}
-	ids := make([]keyID, 0, len(next)+len(x.applied))
-	for id := range next {
-		ids = append(ids, id)
-	}
-	for id := range x.applied {
-		if _, ok := next[id]; !ok {
-			ids = append(ids, id)
-		}
-	}
-	slices.SortFunc(ids, func(a, b keyID) int { return cmp.Or(cmp.Compare(a.limit, b.limit), cmp.Compare(a.key, b.key)) })
-	for _, id := range ids {
-		nv, has := next[id]
+	for i, id := range ids {
 		ov, had := x.applied[id]
-		if has == had && nv == ov {
+		if has[i] == had && next[i] == ov {
 			continue
 		}
-		s := Share{Limit: id.limit, Key: id.key, Value: nv}
-		if !has {
+		s := Share{Limit: id.limit, Key: id.key, Value: next[i]}
+		if !has[i] {
 			s.Value = Follow
 		}
-		if levelOf(next, id) < levelOf(x.applied, id) {
+		if nextLevel(i) < appliedLevel(id) {
 			lower = append(lower, s)
 		} else {
 			raise = append(raise, s)
 		}
 	}
-	x.applied = next
+	for i, id := range ids {
+		if has[i] {
+			x.applied[id] = next[i]
+		} else {
+			delete(x.applied, id)
+		}
+	}
 	return append(lower, raise...)
 }

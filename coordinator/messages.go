@@ -131,18 +131,39 @@ type Grant struct {
 	Fresh bool
 	// Weights are the instance's part, in [0, 1], of its region's share of
 	// every split-mode local limit (Weighted): it applies share × weight to
-	// the limit's default vector and hot keys. A local limit missing from
-	// Weights has weight 0. Other limits are enforced through the regional
-	// store, which every instance of the region shares: their shares apply
-	// undivided.
+	// the limit's default vector and to its keys, the key's share for a
+	// hot key. A local limit missing from Weights has weight 0. Other
+	// limits are enforced through the regional store, which every instance
+	// of the region shares: their shares apply undivided.
+	//
+	// With Key set, a Weight is the instance's own for a hot key of such a
+	// limit (one it reported near its limit or rejected), which it applies
+	// to that key instead; with Rest also set, the key's rest factor, the
+	// part of its weight for the limit that an instance without a weight
+	// of its own for the key applies to it (1, the default: all of it). A
+	// full grant carries every rest factor below 1 of the region (the
+	// instance drops any other); another grant, those changed since the
+	// instance's latest acked grant (1: back to the default).
 	Weights []Weight
 }
 
-// Weight is an instance's part of its region's share of one limit.
+// Weight is an instance's part of its region's share of one limit (Key
+// empty), its own of one hot key of it, or a hot key's rest factor (Rest;
+// see Grant.Weights).
 type Weight struct {
 	Limit string
+	Key   string
 	Value float64
+	Rest  bool
 }
+
+// KeyAware, among the weights an instance says it holds when it connects
+// (Instance.Hello), says that it applies weights of their own for hot keys
+// and rest factors. A Fleet sends neither to an instance that does not say
+// so (an older enforcer would take them for its weights for the limits),
+// and divides no key apart in a region where such an instance may hold
+// share.
+var KeyAware = Weight{Rest: true}
 
 // Share is the region's share of a limit's default vector (Key empty) or
 // of one hot key. Value is in [0, 1], or Follow for a key.

@@ -41,7 +41,7 @@ func Hello(a coordinator.Ack, weights []coordinator.Weight) *allotv1.RegionMessa
 func weightsOut(ws []coordinator.Weight) []*allotv1.Weight {
 	out := make([]*allotv1.Weight, 0, len(ws))
 	for _, w := range ws {
-		out = append(out, &allotv1.Weight{Limit: w.Limit, Value: w.Value})
+		out = append(out, &allotv1.Weight{Limit: w.Limit, Key: w.Key, Value: w.Value, Rest: w.Rest})
 	}
 	return out
 }
@@ -50,7 +50,7 @@ func weightsOut(ws []coordinator.Weight) []*allotv1.Weight {
 func FromWeights(ws []*allotv1.Weight) []coordinator.Weight {
 	var out []coordinator.Weight
 	for _, w := range ws {
-		out = append(out, coordinator.Weight{Limit: w.GetLimit(), Value: w.GetValue()})
+		out = append(out, coordinator.Weight{Limit: w.GetLimit(), Key: w.GetKey(), Value: w.GetValue(), Rest: w.GetRest()})
 	}
 	return out
 }

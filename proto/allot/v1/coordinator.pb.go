@@ -262,7 +262,8 @@ type Hello struct {
 	Version  uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
 	Instance string                 `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
 	GrantSeq uint64                 `protobuf:"varint,6,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"`
-	// weights the instance holds from its latest grant, which a new leader
+	// weights the instance holds from its latest grant (for the limits, its
+	// own for hot keys, and the rest factors it applies), which a new leader
 	// keeps as they are until what every instance holds is known again
 	Weights       []*Weight `protobuf:"bytes,7,rep,name=weights,proto3" json:"weights,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -734,11 +735,18 @@ func (x *Grant) GetFresh() bool {
 }
 
 // Weight is an instance's part, in [0, 1], of its region's share of a
-// split-mode local limit (and of its hot keys).
+// split-mode local limit (key empty; it applies it to the limit's keys
+// too), its own part of one hot key of it (key set), or a hot key's rest
+// factor (rest: the part of its weight for the limit that an instance
+// without a part of its own for the key applies to it; 1 removes it). A
+// full grant carries every rest factor below 1 of the region; another
+// grant, those changed since the latest grant the instance acked.
 type Weight struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Limit         string                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
 	Value         float64                `protobuf:"fixed64,2,opt,name=value,proto3" json:"value,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Rest          bool                   `protobuf:"varint,4,opt,name=rest,proto3" json:"rest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -785,6 +793,20 @@ func (x *Weight) GetValue() float64 {
 		return x.Value
 	}
 	return 0
+}
+
+func (x *Weight) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Weight) GetRest() bool {
+	if x != nil {
+		return x.Rest
+	}
+	return false
 }
 
 // Share is a region's share of a limit's default vector (empty key) or of
@@ -1000,10 +1022,12 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\aexpires\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12*\n" +
 	"\aweights\x18\x03 \x03(\v2\x10.allot.v1.WeightR\aweights\x12\x12\n" +
 	"\x04full\x18\x04 \x01(\bR\x04full\x12\x14\n" +
-	"\x05fresh\x18\x05 \x01(\bR\x05fresh\"4\n" +
+	"\x05fresh\x18\x05 \x01(\bR\x05fresh\"Z\n" +
 	"\x06Weight\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value\"w\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x12\n" +
+	"\x04rest\x18\x04 \x01(\bR\x04rest\"w\n" +
 	"\x05Share\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
