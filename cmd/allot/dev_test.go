@@ -15,6 +15,7 @@ import (
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // devRun is allot dev running in-process.
@@ -93,9 +94,7 @@ func devStore(t *testing.T, d *devRun) *etcdstore.Store {
 // --config FILE still stores FILE as a new version; without --data-dir
 // the banner says that nothing is kept.
 func TestDevDataDirKeepsTheConfiguration(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts allot dev three times")
-	}
+	testdep.Long(t, "starts allot dev three times")
 	dir := filepath.Join(t.TempDir(), "etcd")
 	changed := strings.Replace(string(examples.LimitsYAML), "burst: 15", "burst: 16", 1)
 

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // buildAllot builds the allot binary once per test run.
@@ -56,9 +58,7 @@ func admitted(t *testing.T, addr, user string, n int) int {
 }
 
 func TestRegionalProcessReloadAndShutdown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
+	testdep.Long(t, "builds and runs the binary")
 	bin := buildAllot(t)
 	cfg := filepath.Join(t.TempDir(), "limits.yaml")
 	write := func(s string) {
@@ -107,9 +107,7 @@ func TestRegionalProcessReloadAndShutdown(t *testing.T) {
 }
 
 func TestDevServesTheExample(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
+	testdep.Long(t, "builds and runs the binary")
 	bin := buildAllot(t)
 	_, addr := startAllot(t, bin, "dev", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--coordinator-addr", "127.0.0.1:0", "--etcd-addr", "127.0.0.1:0")

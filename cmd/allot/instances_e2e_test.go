@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // TestLocalLimitWithSeveralInstances runs real processes as an operator
@@ -24,9 +26,7 @@ import (
 // limit (before instances were part of the cores: 150, each us-east
 // instance enforcing the region's whole share).
 func TestLocalLimitWithSeveralInstances(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs five processes")
-	}
+	testdep.Long(t, "builds and runs five processes")
 	bin := buildAllot(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "limits.yaml")
@@ -140,9 +140,7 @@ func startProcess(t *testing.T, bin string, re *regexp.Regexp, args ...string) (
 // from the next window, so over both lives us-east admits at most its
 // share of 50 in the window (before: 50 again after the restart, 100).
 func TestRestartedInstanceStartsTheWindowWithNothing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs five processes")
-	}
+	testdep.Long(t, "builds and runs five processes")
 	// The window of the hour must not end during the test.
 	if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left < time.Minute {
 		time.Sleep(left + time.Second)

@@ -6,14 +6,13 @@ import (
 	"testing"
 
 	"github.com/allot-dev/allot/internal/redistest"
+	"github.com/allot-dev/allot/internal/testdep"
 )
 
 // Two instances of a region share an exact limit through the regional
 // Redis: together they admit the limit, not twice it.
 func TestRegionalInstancesShareRedis(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
+	testdep.Long(t, "builds and runs the binary")
 	srv := redistest.Start(t)
 	bin := buildAllot(t)
 	cfg := filepath.Join(t.TempDir(), "limits.yaml")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/internal/redistest"
+	"github.com/allot-dev/allot/internal/testdep"
 	"github.com/allot-dev/allot/internal/testpki"
 	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -30,9 +31,7 @@ import (
 // to the regions' Admin over mutual TLS; a caller without a client
 // certificate is refused Admin but may check.
 func TestFleetOverTLS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs four processes")
-	}
+	testdep.Long(t, "builds and runs four processes")
 	bin := buildAllot(t)
 	dir := t.TempDir()
 	pki := testpki.New(t)
@@ -277,9 +276,7 @@ func TestPlaintextAndTLSFlags(t *testing.T) {
 // from --redis-password-file. Together they admit the limit: every
 // decision went through Redis.
 func TestRegionalRedisOverTLSAndACL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
+	testdep.Long(t, "builds and runs the binary")
 	pki := testpki.New(t)
 	redisFiles := pki.Issue(t, "redis", testpki.Leaf{IPs: testpki.Loopback})
 	enforcer := pki.Issue(t, "enforcer", testpki.Leaf{IPs: testpki.Loopback, URIs: []string{"spiffe://allot/region/test/instance/i1"}})

@@ -69,3 +69,13 @@ func Parse(msg string) (what string, ok bool) {
 	what = strings.TrimSpace(what)
 	return what, what != ""
 }
+
+// Long skips a slow test (real processes, several builds) under
+// go test -short, with why; under CI=true it runs whatever the flags, so
+// that CI never skips it.
+func Long(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() && !CI() {
+		t.Skip(why)
+	}
+}

@@ -59,9 +59,7 @@ func TestRequire(t *testing.T) {
 func TestLookPath(t *testing.T) {
 	t.Setenv("CI", "true")
 	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("no sh")
-	}
+	Require(t, "sh", "install a POSIX shell", err == nil)
 	r := &recorder{TB: t}
 	if p := LookPath(r, "no-such-program-allot", "hint", "sh"); p != sh || r.failed != "" {
 		t.Errorf("alternative: %q, failed %q", p, r.failed)

@@ -361,9 +361,6 @@ func TestPlaintextRule(t *testing.T) {
 // on loopback too; LinkRule lets a TLS process reach etcd or Redis
 // without their TLS on loopback only.
 func TestPlainAndLinkRule(t *testing.T) {
-	if !tlsx.RequireInsecure {
-		t.Skip("RequireInsecure is off")
-	}
 	if err := tlsx.Plain(tlsx.ListenRule, "grpc", "127.0.0.1:8081", false); !errors.Is(err, tlsx.ErrPlaintext) {
 		t.Errorf("plain text on loopback without --insecure: %v, want ErrPlaintext", err)
 	}
