@@ -92,7 +92,7 @@ func (f *tlsFlags) redisAuth(log *slog.Logger) (cfg *tls.Config, user, password 
 }
 
 // listen listens on addr for what ("grpc", "http", ...): TLS is served on
-// any address, plain text as the rule says (tlsx.Plain).
+// any address, plain text as the rule says (tlsx.ListenRule, DialRule).
 func (s security) listen(what, addr string) (net.Listener, error) {
 	if err := s.plain(what, addr, tlsx.ListenRule); err != nil {
 		return nil, err
@@ -130,7 +130,7 @@ func (s security) plain(what, addr string, rule func(what, addr string, insecure
 	if s.src != nil {
 		return nil
 	}
-	return tlsx.Plain(rule, what, addr, s.insecure)
+	return rule(what, addr, s.insecure)
 }
 
 // grpcServer returns a gRPC server with allot's recovery and, with TLS,

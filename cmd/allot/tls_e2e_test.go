@@ -227,7 +227,7 @@ func TestFleetOverTLS(t *testing.T) {
 	t.Logf("us-east served certificate %s → %s after %d calls, none failed", before, want, calls)
 }
 
-// TestPlaintextAndTLSFlags: plain text needs --insecure (tlsx.RequireInsecure),
+// TestPlaintextAndTLSFlags: plain text needs --insecure (tlsx.ListenRule, DialRule),
 // which is refused on an address that is not a loopback one, for
 // listeners and for links; a process with TLS reaches etcd or Redis
 // without their TLS flags on loopback only; allot dev and demo choose

@@ -240,7 +240,7 @@ func (c *cli) call(ctx context.Context, fn func(ctx context.Context, a allotv1.A
 			return err
 		}
 		if src == nil {
-			if err := tlsx.Plain(tlsx.DialRule, "--addr", c.addr, c.tls.Insecure); err != nil {
+			if err := tlsx.DialRule("--addr", c.addr, c.tls.Insecure); err != nil {
 				return err
 			}
 		}

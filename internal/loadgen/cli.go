@@ -75,7 +75,7 @@ func Main(ctx context.Context, prog string, systems map[string]System, args []st
 		return fmt.Errorf("bench: %w", err)
 	}
 	if src == nil {
-		if err := tlsx.Plain(tlsx.DialRule, "--target", *target, tlsf.Insecure); err != nil {
+		if err := tlsx.DialRule("--target", *target, tlsf.Insecure); err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
 	}

@@ -11,7 +11,7 @@
 //
 //	src, err := flags.ServerSource(log) // nil: plain text
 //	if src == nil {
-//		err = tlsx.Plain(tlsx.ListenRule, "grpc", addr, flags.Insecure)
+//		err = tlsx.ListenRule("grpc", addr, flags.Insecure)
 //	}
 //	opts, err := src.ServerOptions(tls.VerifyClientCertIfGiven) // none for a nil src
 //	if src != nil {

@@ -20,22 +20,6 @@ var (
 	ErrPlainLink = errors.New("a link without TLS is only allowed to a loopback address (a sidecar on this host); give the link's --etcd-tls-* or --redis-tls-* flags")
 )
 
-// RequireInsecure makes plain text need --insecure in every command
-// (Plain): every listener and link without TLS needs it, and it is
-// refused on an address that is not a loopback one. (False kept plain
-// text the default while tests, scripts and manifests moved to TLS or
-// --insecure; only an explicit --insecure was then checked.)
-const RequireInsecure = true
-
-// Plain applies rule (ListenRule or DialRule) to an address served or
-// reached in plain text, as every command does: see RequireInsecure.
-func Plain(rule func(what, addr string, insecure bool) error, what, addr string, insecure bool) error {
-	if !insecure && !RequireInsecure {
-		return nil
-	}
-	return rule(what, addr, insecure)
-}
-
 // ListenRule is the rule for a listener without TLS: plain text only with
 // --insecure (insecure), and --insecure only on a loopback address. what
 // names the listener in the error ("grpc", "http", ...). Every command
@@ -69,9 +53,9 @@ func DialRule(what, addr string, insecure bool) error {
 // no --insecure (which TLS excludes) but reaches only a loopback address
 // in plain text, such as a sidecar on the same host or the embedded etcd
 // of allot dev. A process without TLS follows DialRule for those links,
-// as for any other. Without RequireInsecure, it allows everything.
+// as for any other.
 func LinkRule(what, addr string) error {
-	if RequireInsecure && !IsLoopback(addr) {
+	if !IsLoopback(addr) {
 		return fmt.Errorf("%s %s: %w", what, addr, ErrPlainLink)
 	}
 	return nil

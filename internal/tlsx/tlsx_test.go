@@ -356,15 +356,15 @@ func TestPlaintextRule(t *testing.T) {
 	}
 }
 
-// TestPlainAndLinkRule: with RequireInsecure, Plain applies the rule to
+// TestPlainAndLinkRule: the rules apply to
 // every plain-text address, so plain text without --insecure is refused
 // on loopback too; LinkRule lets a TLS process reach etcd or Redis
 // without their TLS on loopback only.
 func TestPlainAndLinkRule(t *testing.T) {
-	if err := tlsx.Plain(tlsx.ListenRule, "grpc", "127.0.0.1:8081", false); !errors.Is(err, tlsx.ErrPlaintext) {
+	if err := tlsx.ListenRule("grpc", "127.0.0.1:8081", false); !errors.Is(err, tlsx.ErrPlaintext) {
 		t.Errorf("plain text on loopback without --insecure: %v, want ErrPlaintext", err)
 	}
-	if err := tlsx.Plain(tlsx.DialRule, "--redis", "127.0.0.1:6379", true); err != nil {
+	if err := tlsx.DialRule("--redis", "127.0.0.1:6379", true); err != nil {
 		t.Errorf("--insecure to loopback: %v", err)
 	}
 	for addr, want := range map[string]error{"127.0.0.1:6379": nil, "localhost:2379": nil, "[::1]:6379": nil,
