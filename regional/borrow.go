@@ -110,7 +110,7 @@ type LoanAsk struct {
 	Key           string // as KeyString names it
 	Window        uint64
 	Amount        int64
-	ID            uint64 // unique in this region: retries are not deducted twice
+	ID            uint64 // unique in this region (each instance starts at random): retries are not deducted twice
 }
 
 // LoanRequest is a peer's ask, as the lender receives it.
@@ -338,7 +338,7 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 	}
 	base := baseParams(ls.l, eff)
 	hist := ls.shares.hist(h)
-	p := base.scaled(hist.current())
+	p := base.scaled(hist.forCheck(base, t)) // what it may spend in this window, not its current share
 
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -359,7 +359,7 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 		if idx < 0 {
 			sh.makeRoom(t)
 			idx = sh.insert(h)
-			fresh(&sh.slots[idx], t, p)
+			hist.fresh(&sh.slots[idx], t, base)
 		} else {
 			hist.catchUp(&sh.slots[idx], base)
 		}

@@ -33,9 +33,12 @@ const adhocName = "descriptor-limit"
 
 // work is one key touched by one request: an item's matching limit.
 type work struct {
-	ls   *limitState
-	key  uint64
-	p    params // the key's effective limit, before the share
+	ls  *limitState
+	key uint64
+	p   params // the key's effective limit, before the share
+	// base is p before apply scales it by the share (apply sets it):
+	// what a key the table does not hold starts from (shareHist.fresh).
+	base params
 	cost float64
 	same int // index of an earlier work on the same key, or -1
 	item int // index of the item it comes from
@@ -354,6 +357,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		sh := &t.shards[shardOf(w.key)]
 		hist := w.ls.shares.hist(w.key)
 		base := w.p
+		w.base = base
 		w.p = base.scaled(hist.forCheck(base, now))
 		ss, stale := t.sharedWork(w, base, hist.current(), now) // shared mode (shared.go)
 		idx, created := sh.find(w.key), false
@@ -362,7 +366,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		}
 		if idx < 0 {
 			idx, created = sh.insert(w.key), true
-			fresh(&sh.slots[idx], now, w.p)
+			t.freshSlot(&sh.slots[idx], w, ss != nil, now)
 		} else if w.same < 0 && ss == nil {
 			hist.catchUp(&sh.slots[idx], base)
 		}
@@ -379,7 +383,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 			return &sh.slots[i]
 		}
 		scratch = slot{key: w.key}
-		fresh(&scratch, now, w.p)
+		t.freshSlot(&scratch, w, t.sharedOf(w), now)
 		return &scratch
 	}
 
@@ -445,6 +449,23 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 			t.count(items, w, &sts[i], admit)
 		}
 	}
+}
+
+// freshSlot initialises the slot of a key the table does not hold: a
+// split-mode key through its share's history (shareHist.fresh), a
+// shared-mode one at w.p (its counts come from inject).
+func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
+	if shared {
+		fresh(s, now, w.p)
+		return
+	}
+	w.ls.shares.hist(w.key).fresh(s, now, w.base)
+}
+
+// sharedOf reports whether w is a shared-mode work of this table.
+func (t *table) sharedOf(w *work) bool {
+	ss := w.ls.shares.sync.Load()
+	return ss != nil && ss.shared && ss.ps.table == t
 }
 
 // readOnly reports whether w leaves its key as a fresh key would be if

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"maps"
 	"math"
 	"net/url"
 	"slices"
@@ -118,24 +117,43 @@ type limitShares struct {
 	id   int // index of the limit's demand counters in each shard
 	def  atomic.Pointer[shareHist]
 	keys atomic.Pointer[map[uint64]*keyShare]
-	sync atomic.Pointer[limitSync] // the link to other regions, after SetPeers (peer.go)
+	// following counts the keys of keys that follow def again (retired);
+	// the engine's mu guards it.
+	following int
+	sync      atomic.Pointer[limitSync] // the link to other regions, after SetPeers (peer.go)
 }
 
-// keyShare is a hot key's own share.
+// keyShare is a hot key's own share. A key that goes back to its limit's
+// default (retired) keeps its own history, following the default's
+// changes, until a whole period has passed: a window that began under
+// its own share keeps the least share in force since it began, and a
+// bucket last touched under it is brought up to date through the change.
+// After a period both histories give the same state.
 type keyShare struct {
-	name string // as KeyString names it
-	hist *shareHist
+	name   string // as KeyString names it
+	hist   *shareHist
+	follow bool  // retired: hist follows the limit's default
+	until  int64 // a retired key is dropped from then on (unix ns)
 }
 
 // shareHist is a share and its recent changes, so that a key touched after
 // a change is brought up to date as if the change had applied to it at the
 // instant it was made: refill at the old share until then, clamp to the new
 // burst, refill at the new share since. A key idle across more changes than
-// the history holds treats the older ones as one (prev).
+// the history holds treats the older ones as one (prev, the least of them:
+// it refills at no more than the share it had, so nothing is spent twice).
+//
+// For sliding windows the history also keeps, whatever the number of
+// changes, the least share in force in the window of its latest change
+// (low, in windows of per ns): a window that outlives the kept changes
+// still uses the share in force when it began.
 type shareHist struct {
 	prev    float64 // share before changes[0]
 	n       int
 	changes [8]shareChange
+	per     int64   // the period low is counted in; 0: none
+	win     int64   // the window (index in per) of the latest change
+	low     float64 // the least share in force in win, up to now
 }
 
 type shareChange struct {
@@ -163,25 +181,52 @@ func (h *shareHist) forCheck(p params, now int64) float64 {
 	if p.alg != allot.SlidingWindow || h.n == 0 {
 		return s
 	}
-	ws := now - now%p.period
+	if h.per == p.period && h.per > 0 {
+		switch w := now / p.period; {
+		case w > h.win:
+			return s // the latest change was before this window began
+		case w == h.win:
+			return h.low
+		}
+		s = min(s, h.low) // the clock stepped back: the least known
+	}
+	return min(s, h.leastSince(now-now%p.period))
+}
+
+// leastSince is the least share in force from ws on that the kept
+// changes tell: exact when one of them is at or before ws, and the
+// least before them otherwise.
+func (h *shareHist) leastSince(ws int64) float64 {
+	s := h.current()
 	for i := h.n - 1; i >= 0; i-- {
 		if h.changes[i].at <= ws {
 			return min(s, h.changes[i].share) // in force when the window began
 		}
 		s = min(s, h.changes[i].share)
 	}
-	return min(s, h.prev) // before every change kept: the share before them
+	return min(s, h.prev)
 }
 
-// with returns a copy of h with share in force from at.
-func (h *shareHist) with(at int64, share float64) *shareHist {
+// with returns a copy of h with share in force from at; per is the
+// period of the limit's windows (0 for buckets).
+func (h *shareHist) with(at int64, share float64, per int64) *shareHist {
 	c := *h
+	if per > 0 {
+		switch w := at / per; {
+		case c.per != per:
+			c.per, c.win, c.low = per, w, min(c.leastSince(at-at%per), share)
+		case w > c.win:
+			c.win, c.low = w, min(c.current(), share) // the current share began this window
+		default: // the same window, or the clock stepped back
+			c.low = min(c.low, share)
+		}
+	}
 	if c.n > 0 && at <= c.changes[c.n-1].at { // same instant or clock step back: replace
 		at = c.changes[c.n-1].at
 		c.n--
 	}
 	if c.n == len(c.changes) {
-		c.prev = c.changes[0].share
+		c.prev = min(c.prev, c.changes[0].share)
 		copy(c.changes[:], c.changes[1:])
 		c.n--
 	}
@@ -210,6 +255,25 @@ func (h *shareHist) catchUp(s *slot, base params) {
 		setTokens(s, c.at, tok, to)
 		share = c.share
 	}
+}
+
+// fresh initialises the state of a key this engine does not hold at now
+// (new, or swept when full): as if it had been full all along and had
+// followed every share change, a bucket holds at most what the share in
+// force before the changes kept gave it, clamped and refilled through
+// them (a key first seen just after a raise has not the raised burst: the
+// region that gave the share up may have spent it). A window starts empty.
+func (h *shareHist) fresh(s *slot, now int64, base params) {
+	if h.n == 0 || base.alg == allot.SlidingWindow {
+		fresh(s, now, base.scaled(h.current()))
+		return
+	}
+	if h.changes[0].at > now { // the clock stepped back: the least known
+		fresh(s, now, base.scaled(h.leastSince(math.MinInt64)))
+		return
+	}
+	fresh(s, h.changes[0].at-1, base.scaled(h.prev))
+	h.catchUp(s, base)
 }
 
 // New returns an engine enforcing cfg.
@@ -300,8 +364,41 @@ func (e *Engine) SetShare(now time.Time, domain, limit string, share float64) er
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	ls.shares.def.Store(ls.shares.def.Load().with(now.UnixNano(), share))
+	t := now.UnixNano()
+	ls.shares.def.Store(ls.shares.def.Load().with(t, share, ls.windowPer()))
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, ls.windowPer()) }, t)
 	return nil
+}
+
+// windowPer is the period a limit's share histories count windows in: its
+// own for a sliding window, none for buckets.
+func (ls *limitState) windowPer() int64 {
+	if ls.base.alg != allot.SlidingWindow {
+		return 0
+	}
+	return ls.base.period
+}
+
+// follow gives every retired key of ls the history next makes of its
+// own (a change of the default) and drops those retired long enough.
+// The caller holds the engine's mu.
+func (ls *limitState) follow(next func(*keyShare) *shareHist, now int64) {
+	if ls.shares.following == 0 {
+		return
+	}
+	old := *ls.shares.keys.Load()
+	m := make(map[uint64]*keyShare, len(old))
+	for h, ks := range old {
+		switch {
+		case !ks.follow:
+			m[h] = ks
+		case ks.until > now:
+			m[h] = &keyShare{name: ks.name, hist: next(ks), follow: true, until: ks.until}
+		default:
+			ls.shares.following--
+		}
+	}
+	ls.shares.keys.Store(&m)
 }
 
 // ResetShare replaces the region's default share of a limit and its
@@ -323,6 +420,15 @@ func (e *Engine) ResetShare(domain, limit string, share float64, since time.Time
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ls.shares.def.Store(h)
+	// A retired key keeps the least share of its own window: the reset
+	// applies to it from since, or as its latest change.
+	ls.follow(func(ks *keyShare) *shareHist {
+		at := since.UnixNano()
+		if last := ks.hist.changes[ks.hist.n-1].at; since.IsZero() || at < last {
+			at = last
+		}
+		return ks.hist.with(at, share, ls.windowPer())
+	}, math.MinInt64)
 	return nil
 }
 
@@ -330,35 +436,7 @@ func (e *Engine) ResetShare(domain, limit string, share float64, since time.Time
 // names it) from now on. A negative share removes the key's own share, so
 // it follows the limit's default again.
 func (e *Engine) SetKeyShare(now time.Time, domain, limit, key string, share float64) error {
-	if share < 0 {
-		share = -1
-	}
-	ls, err := e.limitFor(domain, limit, max(share, 0))
-	if err != nil {
-		return err
-	}
-	h, err := e.keyOf(ls, key)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	old := ls.shares.keys.Load()
-	m := make(map[uint64]*keyShare, 1)
-	if old != nil {
-		maps.Copy(m, *old)
-	}
-	if share < 0 {
-		delete(m, h)
-	} else {
-		prev := ls.shares.def.Load()
-		if ks := m[h]; ks != nil {
-			prev = ks.hist
-		}
-		m[h] = &keyShare{name: key, hist: prev.with(now.UnixNano(), share)}
-	}
-	ls.shares.keys.Store(&m)
-	return nil
+	return e.SetKeyShares(now, domain, limit, []KeyShare{{Key: key, Share: share}})
 }
 
 func (e *Engine) limitFor(domain, limit string, share float64) (*limitState, error) {
@@ -554,6 +632,9 @@ func (e *Engine) Demand() []allot.Demand {
 				continue
 			}
 			for _, ks := range *m {
+				if ks.follow {
+					continue // retired: the region holds no share of its own
+				}
 				if k := (keyID{ls.shares.id, ks.name}); keys[k] == nil {
 					keys[k] = &allot.Demand{Domain: ds.d.Name, Limit: ls.l.Name, Key: ks.name}
 				}

@@ -38,17 +38,27 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 		maps.Copy(m, *old)
 	}
 	t := now.UnixNano()
+	def := ls.shares.def.Load()
 	for i, s := range shares {
-		if s.Share < 0 {
-			delete(m, hs[i])
+		ks := m[hs[i]]
+		switch {
+		case s.Share < 0 && (ks == nil || ks.follow):
+			continue // follows the default already
+		case s.Share < 0: // retired: it follows the default from now
+			m[hs[i]] = &keyShare{name: s.Key, hist: ks.hist.with(t, def.current(), ls.windowPer()), follow: true, until: t + ls.base.period}
+			ls.shares.following++
 			continue
 		}
-		prev := ls.shares.def.Load()
-		if ks := m[hs[i]]; ks != nil {
+		prev := def
+		if ks != nil {
 			prev = ks.hist
+			if ks.follow {
+				ls.shares.following--
+			}
 		}
-		m[hs[i]] = &keyShare{name: s.Key, hist: prev.with(t, s.Share)}
+		m[hs[i]] = &keyShare{name: s.Key, hist: prev.with(t, s.Share, ls.windowPer())}
 	}
 	ls.shares.keys.Store(&m)
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist }, t) // drops the ones retired long enough
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -64,7 +65,7 @@ type peerState struct {
 	// side[i] holds the sync state of the keys of table shard i; it is
 	// guarded by that shard's mu.
 	side    [numShards]sideShard
-	loanSeq atomic.Uint64
+	loanSeq atomic.Uint64 // the latest ask's id; starts at random
 
 	mu           sync.Mutex // guards nextMaintain
 	nextMaintain int64
@@ -136,6 +137,9 @@ func (e *Engine) SetPeers(region string, peers []string) error {
 		return fmt.Errorf("%w: empty region name", ErrUnknownPeer)
 	}
 	ps := &peerState{region: region, table: e.table}
+	// Loan ids start at random: a lender tells a retry from a new ask by
+	// (region, id), and every instance of a region numbers its own asks.
+	ps.loanSeq.Store(rand.Uint64() >> 1)
 	for _, p := range peers {
 		switch {
 		case p == "" || p == region:
