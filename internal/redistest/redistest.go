@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -103,6 +104,26 @@ func (s *Server) Kill() {
 	s.cmd.Process.Kill()
 	s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Pause stops the server's process (SIGSTOP, to its PID) as a long
+// stall would (a VM paused, a fork on a huge dataset): connections stay
+// open, and what clients send waits in the sockets, to run at Resume.
+// Kill works on a paused server.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused server run again (SIGCONT): it then runs what
+// clients sent meanwhile.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatalf("redistest: %v to a server that is not running", sig)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: %v to redis-server (pid %d): %v", sig, s.cmd.Process.Pid, err)
+	}
 }
 
 // Restart starts the server again on its port, with its directory (a
