@@ -22,7 +22,7 @@ func newMetrics(s *Store, reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_regional_store_calls_total",
-			Help: "Calls to the regional store, by operation and result (ok, timeout, breaker_open, overloaded, error).",
+			Help: "Calls to the regional store, by operation and result (ok, timeout, late, breaker_open, overloaded, error).",
 		}, []string{"op", "result"}),
 		scripts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_regional_store_scripts_total",
@@ -53,6 +53,8 @@ func (m *metrics) observe(op string, err error, took time.Duration, scripts int)
 	result := "ok"
 	switch {
 	case err == nil:
+	case errors.Is(err, ErrLate):
+		result = "late"
 	case errors.Is(err, context.DeadlineExceeded):
 		result = "timeout"
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):

@@ -16,9 +16,9 @@ var (
 	//go:embed lua/free.lua
 	freeLua string
 
-	chargeScript = newScript(bucketLua + chargeLua)
-	slotsScript  = newScript(slotsLua)
-	freeScript   = newScript(freeLua)
+	chargeScript = newCharging(bucketLua + chargeLua)
+	slotsScript  = newCharging(slotsLua)
+	freeScript   = newScript(freeLua) // idempotent: no deadline (lua/free.lua)
 )
 
 var _ regional.ReservationStore = (*Store)(nil)

@@ -23,6 +23,11 @@ const (
 	DefaultPrefix      = "allot:"
 	DefaultMaxInFlight = 10_000
 	DefaultCooldown    = time.Second
+	// DefaultLateMargin is taken off a call's deadline before the scripts
+	// compare it with Redis time: a reply that leaves Redis before the
+	// deadline less the margin should reach the caller before it gives up
+	// (a round trip within a region, and a busy client's scheduling).
+	DefaultLateMargin = time.Millisecond
 )
 
 // giveBackTimeout bounds giving back a partial charge in a Cluster, which
@@ -33,7 +38,15 @@ const giveBackTimeout = 100 * time.Millisecond
 // does not return: a store that is not this package's.
 var ErrBadReply = errors.New("redisstore: unexpected reply")
 
+// ErrLate is returned by a call that reached Redis after its deadline
+// (less Options.LateMargin, on Redis time): its script changed nothing.
+// It is a context.DeadlineExceeded, so the caller's on_failure applies
+// as for a timeout; the caller has usually left at its deadline already.
+var ErrLate = fmt.Errorf("redisstore: the call reached Redis after its deadline and changed nothing: %w", context.DeadlineExceeded)
+
 var (
+	//go:embed lua/late.lua
+	lateLua string
 	//go:embed lua/bucket.lua
 	bucketLua string
 	//go:embed lua/take.lua
@@ -47,13 +60,23 @@ var (
 // script is a Lua script and its SHA-1, for EVALSHA.
 type script struct {
 	src, sha string
+	// deadline: the script charges, and is sent its caller's deadline
+	// first (lua/late.lua), so that it changes nothing once it has passed.
+	deadline bool
 }
 
-func newScript(src string) script { return script{src, redis.NewScript(src).Hash()} }
+func newScript(src string) script { return script{src: src, sha: redis.NewScript(src).Hash()} }
+
+// newCharging returns a script that charges: it starts with lua/late.lua.
+func newCharging(src string) script {
+	sc := newScript(lateLua + src)
+	sc.deadline = true
+	return sc
+}
 
 var (
-	takeScript    = newScript(bucketLua + takeLua)
-	leaseScript   = newScript(bucketLua + leaseLua)
+	takeScript    = newCharging(bucketLua + takeLua)
+	leaseScript   = newCharging(bucketLua + leaseLua)
 	membersScript = newScript(membersLua)
 )
 
@@ -79,6 +102,11 @@ type Options struct {
 	// Cooldown is how long the breaker stays open before it lets a few
 	// calls probe Redis again. 0 means DefaultCooldown.
 	Cooldown time.Duration
+	// LateMargin is taken off a call's deadline before the scripts that
+	// charge compare it with Redis time (TIME): past it they change
+	// nothing and the call fails with ErrLate. 0 means DefaultLateMargin;
+	// it must be shorter than the calls' timeouts.
+	LateMargin time.Duration
 	// Registry receives the store's metrics; nil exports none.
 	Registry prometheus.Registerer
 	// Logger receives breaker transitions; nil discards.
@@ -100,6 +128,7 @@ type Store struct {
 	ap      *redis.AutoPipeliner
 	cluster bool
 	prefix  string
+	margin  time.Duration // Options.LateMargin
 	breaker *gobreaker.CircuitBreaker[struct{}]
 	log     *slog.Logger
 	metrics *metrics
@@ -121,6 +150,12 @@ func New(opts Options) (*Store, error) {
 	}
 	if opts.Cooldown <= 0 {
 		opts.Cooldown = DefaultCooldown
+	}
+	if opts.LateMargin < 0 {
+		return nil, fmt.Errorf("redisstore: LateMargin %v: want 0 (the default, %v) or more", opts.LateMargin, DefaultLateMargin)
+	}
+	if opts.LateMargin == 0 {
+		opts.LateMargin = DefaultLateMargin
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -155,7 +190,7 @@ func New(opts Options) (*Store, error) {
 		client.Close()
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	s := &Store{client: client, ap: ap, cluster: opts.Cluster, prefix: opts.Prefix, log: opts.Logger}
+	s := &Store{client: client, ap: ap, cluster: opts.Cluster, prefix: opts.Prefix, margin: opts.LateMargin, log: opts.Logger}
 	s.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:         "redis",
 		MaxRequests:  3,
@@ -225,10 +260,16 @@ func (s *Store) do(ctx context.Context, op string, calls []call) error {
 }
 
 func (s *Store) send(ctx context.Context, calls []call) error {
+	deadline := s.deadline(ctx)
+	args := make([][]any, len(calls))
 	cmds := make([]*redis.Cmd, len(calls))
 	futures := make([]redis.AutoFuture, len(calls))
 	for i := range calls {
-		cmds[i] = redis.NewCmd(ctx, evalArgs("evalsha", calls[i].script.sha, calls[i].keys, calls[i].args)...)
+		args[i] = calls[i].args
+		if calls[i].script.deadline {
+			args[i] = append([]any{deadline}, calls[i].args...)
+		}
+		cmds[i] = redis.NewCmd(ctx, evalArgs("evalsha", calls[i].script.sha, calls[i].keys, args[i])...)
 		futures[i] = s.ap.Submit(ctx, cmds[i])
 	}
 	var first error
@@ -236,8 +277,11 @@ func (s *Store) send(ctx context.Context, calls []call) error {
 		c := &calls[i]
 		c.err = futures[i].WaitContext(ctx)
 		if redis.HasErrorPrefix(c.err, "NOSCRIPT") { // a restarted or new server: send the source once
-			cmds[i] = redis.NewCmd(ctx, evalArgs("eval", c.script.src, c.keys, c.args)...)
+			cmds[i] = redis.NewCmd(ctx, evalArgs("eval", c.script.src, c.keys, args[i])...)
 			c.err = s.ap.Submit(ctx, cmds[i]).WaitContext(ctx)
+		}
+		if redis.HasErrorPrefix(c.err, "LATE") {
+			c.err = ErrLate
 		}
 		if c.err == nil {
 			if c.reply, c.err = cmds[i].Slice(); c.err == nil && len(c.reply) == 0 {
@@ -249,6 +293,17 @@ func (s *Store) send(ctx context.Context, calls []call) error {
 		}
 	}
 	return first
+}
+
+// deadline is what a charging script is sent of ctx's deadline: unix µs
+// less the margin, 0 for none (a call without a deadline runs whenever it
+// arrives).
+func (s *Store) deadline(ctx context.Context) int64 {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	return max(d.Add(-s.margin).UnixMicro(), 1)
 }
 
 func evalArgs(cmd, script string, keys []string, args []any) []any {

@@ -1,9 +1,11 @@
 -- charge: charges every key's cost even below zero: usage settled above
 -- what a reservation held. The next requests wait until it has refilled.
 -- KEYS: the buckets (a key may repeat: its costs add up, in order).
+-- Past its caller's deadline it changes nothing and answers LATE (late.lua).
 -- ARGV, 5 per key: alg, amount, burst, period, cost.
 -- Returns, 2 per key: remaining (whole tokens, ≥ 0), reset after (µs).
 local now = now_us()
+if late(now) then return redis.error_reply(LATE) end
 local state, resets, out = {}, {}, {}
 for i, key in ipairs(KEYS) do
   local o = (i - 1) * 5

@@ -1,10 +1,15 @@
 -- lease: gives back the unused tokens of an earlier lease, then takes
 -- between min and want tokens, or none.
+-- Past its caller's deadline it changes nothing and answers LATE (late.lua),
+-- the give-back included: its tokens are lost, as those of any give-back
+-- that fails (under-admission until the bucket refills), never returned
+-- twice by a late call and a caller's retry.
 -- KEYS[1]: the bucket. ARGV: alg, amount, burst, period, return, window of
 -- the returned tokens (sliding_window; µs; 0: the current one), min, want.
 -- Returns: granted, available after, retry after (µs; when none was
 -- granted), window start and time left (sliding_window; µs).
 local now = now_us()
+if late(now) then return redis.error_reply(LATE) end
 local key = KEYS[1]
 local alg, amount, burst, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ret, win, min, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])

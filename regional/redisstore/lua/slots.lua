@@ -2,10 +2,12 @@
 -- holders than its cap, and to none otherwise. A set is a sorted set of
 -- holders scored by expiry (ms, Redis time); expired holders are dropped
 -- first, so a crashed gateway's slots free themselves.
+-- Past its caller's deadline it changes nothing and answers LATE (late.lua).
 -- KEYS: the slot sets. ARGV, 3 per key: cap, holder, ttl (ms).
 -- Returns, 3 per key: allowed (0/1), live holders, retry after (ms: until
 -- the earliest holder expires, when rejected).
 local t = redis.call('TIME')
+if late(tonumber(t[1]) * 1000000 + tonumber(t[2])) then return redis.error_reply(LATE) end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local admit, out = true, {}
 for i, key in ipairs(KEYS) do

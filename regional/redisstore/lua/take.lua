@@ -1,9 +1,11 @@
 -- take: charges every key's cost if each non-shadow one admits, else none.
 -- KEYS: the buckets (a key may repeat: its costs add up, in order).
+-- Past its caller's deadline it changes nothing and answers LATE (late.lua).
 -- ARGV, 6 per key: alg, amount, burst, period, cost, shadow (0/1).
 -- Returns, 5 per key: allowed (0/1), remaining, reset after, retry after
 -- (µs), window start (sliding_window; µs).
 local now = now_us()
+if late(now) then return redis.error_reply(LATE) end
 local state, resets, out = {}, {}, {}
 local admit = true
 for i, key in ipairs(KEYS) do
