@@ -17,7 +17,11 @@ import (
 // now is the caller's clock. A store with a clock of its own (Redis TIME)
 // uses that instead, so that instances with skewed clocks agree. Every
 // method returns by ctx's deadline. An error means the store did not
-// answer; a call that timed out may still have been carried out.
+// answer. A call that changes buckets or slots changes nothing once ctx's
+// deadline has passed (regional/redisstore checks it on Redis time), so a
+// call that timed out, and that the caller decided by on_failure, is not
+// also carried out later; one that ran just in time but whose answer came
+// back too late still is (redisstore's package doc bounds it).
 // Implementations are safe for concurrent use.
 type Store interface {
 	// Take charges every op's cost to its bucket if each op that is not

@@ -21,6 +21,32 @@
 // at the edge, because it is a property of the connection to one Redis;
 // the core sees only that a call failed, and applies on_failure.
 //
+// A call that arrives late does nothing. A call that timed out on the
+// client is still in Redis' socket and runs when Redis gets to it, while
+// its caller has decided without it (on_failure). So every script that
+// charges (take, lease, charge, slots) is sent the caller's deadline as
+// its first argument, in unix µs less Options.LateMargin (1ms by default,
+// so that a reply that leaves Redis before it reaches the caller before
+// it gives up), compares it with TIME before it changes anything, and
+// past it changes nothing and answers LATE: the call fails with ErrLate,
+// a context.DeadlineExceeded, and on_failure applies as for a timeout. A
+// call without a deadline runs whenever it arrives. A late lease
+// give-back (or refund) is lost, as a give-back that fails: under-
+// admission, never returned twice. free.lua has no deadline: it removes a
+// unique holder, so it is idempotent and a late free only frees a slot
+// sooner than its TTL. Heartbeats and counts charge nothing.
+//
+// What remains: an answer that left Redis in time but reached its caller
+// late (a client or network stall longer than the margin) was charged
+// and decided by on_failure as well, which under-admits. Clock skew
+// between the instance and Redis moves the deadline: Redis ahead by δ
+// fails the calls it runs in the last δ of their time (all of them once
+// δ nears the timeout: the breaker opens, the limits fall back, and
+// allot_regional_store_calls_total{result="late"} shows it; nothing is
+// charged wrongly); Redis behind by δ lets calls that arrive up to
+// δ − margin after their deadline run, as before this rule. NTP keeps a
+// region's clocks well within the margin.
+//
 // Atomicity: on a single server, Take is one script over every key of a
 // request. A Cluster cannot run a script over keys of several slots, so
 // there Take charges each key in its own script (one pipeline) and gives
