@@ -137,16 +137,17 @@ func Caller(ctx context.Context) (id Identity, secured bool, err error) {
 //	spiffe://TRUST-DOMAIN/KEY/VALUE[/KEY/VALUE...]
 //
 // whose path is pairs of a key and a value, keys among region, instance,
-// coordinator, operator and gateway, each at most once:
+// coordinator, operator, gateway and client, each at most once:
 //
 //	spiffe://allot/region/us-east/instance/i1   an enforcer instance of us-east
 //	spiffe://allot/coordinator/c1               a coordinator
 //	spiffe://allot/operator/alice               an operator (allotctl)
 //	spiffe://allot/region/us-east/gateway/gw1   a gateway (the Go SDK) in us-east
 //	spiffe://allot/gateway/edge-7               a gateway of no region
+//	spiffe://allot/client/billing               a client that only checks
 //
-// What a caller may do (its roles) is decided from its Identity by the
-// server, never from what a message declares.
+// What a caller may do (its roles, roles.go) is decided from its Identity
+// by the server, never from what a message declares.
 type Identity struct {
 	URI         string // the SAN it was read from
 	TrustDomain string // "allot" above
@@ -155,13 +156,16 @@ type Identity struct {
 	Coordinator string
 	Operator    string
 	Gateway     string
+	Client      string
 }
 
 // Kind is what the identity names: "instance" (an enforcer instance,
-// with its region), "coordinator", "operator", "gateway", or "region"
-// (a region alone).
+// with its region), "coordinator", "operator", "gateway", "client", or
+// "region" (a region alone).
 func (id Identity) Kind() string {
 	switch {
+	case id.Client != "":
+		return "client"
 	case id.Coordinator != "":
 		return "coordinator"
 	case id.Operator != "":
@@ -240,8 +244,10 @@ func ParseIdentityURI(u *url.URL) (Identity, error) {
 			f = &id.Operator
 		case "gateway":
 			f = &id.Gateway
+		case "client":
+			f = &id.Client
 		default:
-			return bad("unknown key " + k + " (want region, instance, coordinator, operator or gateway)")
+			return bad("unknown key " + k + " (want region, instance, coordinator, operator, gateway or client)")
 		}
 		if *f != "" {
 			return bad(k + " given twice")
@@ -252,13 +258,13 @@ func ParseIdentityURI(u *url.URL) (Identity, error) {
 		return bad("an instance needs its region")
 	}
 	n := 0
-	for _, v := range []string{id.Instance, id.Coordinator, id.Operator, id.Gateway} {
+	for _, v := range []string{id.Instance, id.Coordinator, id.Operator, id.Gateway, id.Client} {
 		if v != "" {
 			n++
 		}
 	}
 	if n > 1 {
-		return bad("at most one of instance, coordinator, operator and gateway")
+		return bad("at most one of instance, coordinator, operator, gateway and client")
 	}
 	return id, nil
 }
