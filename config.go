@@ -111,6 +111,12 @@ type Domain struct {
 	// descriptor whose entries are exactly its match, in order, and each
 	// descriptor gets only its most specific limit.
 	EnvoyPaths bool
+	// AllowRefunds (allow_refunds: true) admits, from callers with the
+	// refund role only, Envoy's negative hits (is_negative_hits) and
+	// per-request limit overrides: both give a key more than its limit
+	// would. Off by default: the enforcer refuses them with
+	// PERMISSION_DENIED (docs/security.md, "Roles").
+	AllowRefunds bool
 
 	idx *index // set by Validate; used by Effective
 }
@@ -204,7 +210,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 }
 
 var (
-	domainFields   = []string{"domain", "regions", "plans", "assign", "limits", "overrides"}
+	domainFields   = []string{"domain", "regions", "plans", "assign", "limits", "overrides", "allow_refunds"}
 	planFields     = []string{"multiplier", "floors"}
 	assignFields   = []string{"match", "plan"}
 	overrideFields = []string{"limit", "match", "rate", "multiplier", "expires"}
@@ -307,6 +313,8 @@ func (p *loader) domain(doc *yaml.Node) *Domain {
 			p.list(v, field, func(field string, v *yaml.Node) {
 				d.Overrides = append(d.Overrides, p.override(v, field))
 			})
+		case "allow_refunds":
+			d.AllowRefunds = p.bool(v, field)
 		}
 	})
 	d.check(p.paths, p.report)
