@@ -39,9 +39,10 @@ type AdminOptions struct {
 
 // RegisterAdmin registers the read-only part of allot.v1.Admin on gs:
 // Usage and Status, answered for this region. The other methods answer
-// UNIMPLEMENTED: writes go to the coordinator.
+// UNIMPLEMENTED: writes go to the coordinator. Usage and Status need the
+// viewer role (authz.go).
 func (s *Service) RegisterAdmin(gs grpc.ServiceRegistrar, opts AdminOptions) {
-	allotv1.RegisterAdminServer(gs, regionAdmin{s: s, opts: opts})
+	allotv1.RegisterAdminServer(authorizing{gs: gs, s: s}, regionAdmin{s: s, opts: opts})
 }
 
 type regionAdmin struct {

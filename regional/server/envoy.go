@@ -30,6 +30,9 @@ import (
 //   - Each descriptor costs the request's hits_addend, 1 when it is 0
 //     (unset), or its own hits_addend when set, where 0 checks without
 //     charging. is_negative_hits gives the hits back (Engine.RefundItems).
+//     It and limit overrides need the refund role and a domain with
+//     allow_refunds (authz.go); without, the request is PERMISSION_DENIED
+//     and nothing is charged.
 //   - A descriptor's limit override (requests_per_unit per unit_multiplier
 //     × unit; a month is 30 days, a year 365) replaces the limit it
 //     matches, or counts it on its own key when it matches none.
@@ -95,8 +98,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.metrics.record(domain, nil, err, 0)
 		return nil, err
 	}
-	now := s.now()
 	d := s.engine.Config().Domain(domain) // nil: the engine reports it
+	if err := s.allowRefunds(ctx, d, items, negative); err != nil {
+		s.metrics.record(domain, nil, err, 0)
+		return nil, err
+	}
+	now := s.now()
 	skip := s.replaced(now, d, items)
 	var check, refund envoyBatch
 	for i, it := range items {

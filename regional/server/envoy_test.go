@@ -80,6 +80,12 @@ func newEnvoyService(t *testing.T, name string, data []byte) (*Service, rlsv3.Ra
 	if err != nil {
 		t.Fatal(err)
 	}
+	// These tests are of Envoy's semantics, negative hits and overrides
+	// included; who may send those is authz_test.go's. Envoy's file
+	// format has no allow_refunds.
+	for _, d := range cfg.Domains {
+		d.AllowRefunds = true
+	}
 	s := New(regional.New(cfg, regional.Options{}), Options{
 		Region: "test", Now: func() time.Time { return envoyT0 }, Registry: prometheus.NewRegistry(),
 	})

@@ -14,6 +14,10 @@ import (
 // engine sees it: empty descriptors, an oversized batch.
 var ErrBadRequest = errors.New("server: bad request")
 
+// ErrPermissionDenied is returned for a call its caller's roles do not
+// allow, or that its domain does not allow (authz.go).
+var ErrPermissionDenied = errors.New("server: permission denied")
+
 // errorTable maps errors to gRPC codes and HTTP statuses, first match wins.
 var errorTable = []struct {
 	err  error
@@ -28,6 +32,7 @@ var errorTable = []struct {
 	{regional.ErrBadDescriptor, codes.InvalidArgument, http.StatusBadRequest},
 	{regional.ErrCostAboveBurst, codes.InvalidArgument, http.StatusBadRequest},
 	{ErrBadRequest, codes.InvalidArgument, http.StatusBadRequest},
+	{ErrPermissionDenied, codes.PermissionDenied, http.StatusForbidden},
 }
 
 func lookup(err error) (codes.Code, int) {
@@ -64,6 +69,8 @@ func reason(err error) string {
 		return "unknown_domain"
 	case codes.InvalidArgument:
 		return "invalid_argument"
+	case codes.PermissionDenied:
+		return "permission_denied"
 	}
 	return "internal"
 }

@@ -12,8 +12,10 @@ import (
 
 // RegisterGRPC registers the service's gRPC APIs on gs: allot.v1.RateLimiter,
 // Envoy's envoy.service.ratelimit.v3.RateLimitService and Envoy's rate limit
-// quota service (envoy.service.rate_limit_quota.v3, rlqs.go).
+// quota service (envoy.service.rate_limit_quota.v3, rlqs.go). Every method
+// is authorized (authz.go).
 func (s *Service) RegisterGRPC(gs grpc.ServiceRegistrar) {
+	gs = authorizing{gs: gs, s: s}
 	allotv1.RegisterRateLimiterServer(gs, rateLimiter{s: s})
 	registerEnvoy(gs, s)
 	registerRLQS(gs, s)

@@ -49,16 +49,19 @@ type checkBody struct {
 //	POST /v1/reserve hold an LLM call's tokens: 200 allowed, 429 rejected
 //	POST /v1/settle  charge a reservation's real usage
 //	POST /v1/release end a cancelled stream's reservation
+//
+// The /v1 routes need the check role (authz.go): 403 otherwise.
+//
 //	GET  /healthz    the process is up
 //	GET  /readyz     the region is ready for traffic
 //	GET  /metrics    Prometheus metrics
 //	GET  /status     the status page (also at /), when HTTPOptions.Status is set
 func (s *Service) HTTPHandler(opts HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/check", s.httpCheck)
-	mux.HandleFunc("POST /v1/reserve", s.httpReserve) // reserve.go
-	mux.HandleFunc("POST /v1/settle", s.httpSettle)
-	mux.HandleFunc("POST /v1/release", s.httpRelease)
+	mux.HandleFunc(s.httpAuthorized("POST /v1/check", s.httpCheck))     // authz.go
+	mux.HandleFunc(s.httpAuthorized("POST /v1/reserve", s.httpReserve)) // reserve.go
+	mux.HandleFunc(s.httpAuthorized("POST /v1/settle", s.httpSettle))
+	mux.HandleFunc(s.httpAuthorized("POST /v1/release", s.httpRelease))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -17,6 +19,10 @@ import (
 // DefaultLeaseTTL is how long a gateway may spend a grant when
 // Options.LeaseTTL is 0.
 const DefaultLeaseTTL = time.Second
+
+// DefaultMaxLeaseGrants bounds the grants a Service remembers for their
+// returns when Options.MaxLeaseGrants is 0.
+const DefaultMaxLeaseGrants = 1 << 20
 
 // maxGateways bounds the gateway ids an enforcer remembers; ids beyond it
 // are served but not counted until older ones expire.
@@ -34,6 +40,16 @@ const maxGateways = 100_000
 // return into a sliding window other than the grant's is dropped, since
 // its charge has moved to the previous window's weight. A report lost or
 // late strands its tokens (they stay charged) and never adds any.
+//
+// A return gives back at most what its caller was granted and has not
+// returned (grants): a return names its grant, and is refunded up to
+// what is left of the grant that caller received for that item at that
+// instant; the rest is refused — not refunded, counted as kind
+// "refused" — and the call goes on. Refusing only the excess, rather
+// than failing the call, is what a gateway needs: a return to another
+// instance than the grant's, or after a restart, is a return this
+// instance never granted, and failing would also refuse the new grant
+// the call asks for. Its tokens stay charged, as a lost report's.
 type leases struct {
 	s   *Service
 	ttl time.Duration
@@ -42,22 +58,108 @@ type leases struct {
 	gateways map[string]time.Time // id → last heard
 	pruned   time.Time            // the last sweep of gateways not heard within the TTL
 
+	grants grants // what each caller may still return; guarded by mu
+
 	calls  prometheus.Counter
-	tokens *prometheus.CounterVec // kind: granted, returned, dropped, used
+	tokens *prometheus.CounterVec // kind: granted, returned, dropped, used, refused
 }
 
-func newLeases(s *Service, ttl time.Duration, reg prometheus.Registerer) *leases {
+// grantID names one grant of one item to one caller: a hash of the
+// caller's identity, its gateway id, the item's domain and descriptors,
+// and the grant's instant.
+type grantID [sha256.Size]byte
+
+// grants remembers what each grant may still give back, for 2 TTLs after
+// it was made (a gateway returns a grant before it ends, a TTL after),
+// and at most max of them: a grant made when max are held is not
+// remembered, and its tokens cannot come back. Not safe for concurrent
+// use; leases.mu guards it.
+type grants struct {
+	max   int
+	left  map[grantID]int64 // tokens that may still come back
+	order []grantExpiry     // in the order made, to forget expired ones
+}
+
+type grantExpiry struct {
+	id  grantID
+	end time.Time
+}
+
+func newGrantID(caller, gateway string, it *CheckItem, at int64) grantID {
+	h := sha256.New()
+	var b [8]byte
+	field := func(s string) {
+		binary.BigEndian.PutUint64(b[:], uint64(len(s)))
+		h.Write(b[:])
+		h.Write([]byte(s))
+	}
+	field(caller)
+	field(gateway)
+	field(it.Domain)
+	for _, d := range it.Descriptors {
+		binary.BigEndian.PutUint64(b[:], uint64(len(d)))
+		h.Write(b[:])
+		for _, e := range d {
+			field(e.Key)
+			field(e.Value)
+		}
+	}
+	binary.BigEndian.PutUint64(b[:], uint64(at))
+	h.Write(b[:])
+	var id grantID
+	h.Sum(id[:0])
+	return id
+}
+
+// expire forgets grants whose 2 TTLs have passed.
+func (g *grants) expire(now time.Time) {
+	i := 0
+	for ; i < len(g.order) && !now.Before(g.order[i].end); i++ {
+		delete(g.left, g.order[i].id)
+	}
+	if i > 0 {
+		g.order = append(g.order[:0], g.order[i:]...)
+	}
+}
+
+// add remembers n more tokens of grant id, ending at end.
+func (g *grants) add(id grantID, n int64, end time.Time) {
+	if _, ok := g.left[id]; ok {
+		g.left[id] += n
+		return
+	}
+	if len(g.left) >= g.max {
+		return
+	}
+	g.left[id] = n
+	g.order = append(g.order, grantExpiry{id, end})
+}
+
+// take takes up to n tokens of grant id and returns how many.
+func (g *grants) take(id grantID, n int64) int64 {
+	left := g.left[id]
+	n = min(n, left)
+	if n > 0 {
+		g.left[id] = left - n
+	}
+	return n
+}
+
+func newLeases(s *Service, ttl time.Duration, maxGrants int, reg prometheus.Registerer) *leases {
 	if ttl <= 0 {
 		ttl = DefaultLeaseTTL
 	}
-	l := &leases{s: s, ttl: ttl, gateways: make(map[string]time.Time)}
+	if maxGrants <= 0 {
+		maxGrants = DefaultMaxLeaseGrants
+	}
+	l := &leases{s: s, ttl: ttl, gateways: make(map[string]time.Time), grants: grants{max: maxGrants, left: make(map[grantID]int64)}}
 	l.calls = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "allot_regional_gateway_lease_calls_total",
 		Help: "Lease calls from gateways that decide in their own process.",
 	})
 	l.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_regional_gateway_lease_tokens_total",
-		Help: "Tokens leased to gateways, by kind: granted (charged), returned (refunded), dropped (returned into a past window, kept charged), used (reported spent).",
+		Help: "Tokens leased to gateways, by kind: granted (charged), returned (refunded), dropped (returned into a past window, kept charged), used (reported spent), refused (returned beyond what the caller was granted and had not returned, kept charged).",
 	}, []string{"kind"})
 	if reg != nil {
 		reg.MustRegister(l.calls, l.tokens, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -158,8 +260,9 @@ func (l *leases) serve(ctx context.Context, req *allotv1.LeaseRequest) (*allotv1
 		Ttl:      durationpb.New(l.ttl),
 		Grants:   make([]*allotv1.LeaseGrant, len(items)),
 	}
+	caller := l.s.caller(ctx).Identity.URI // "": every anonymous caller
 	for i := range items {
-		g, err := l.grant(ctx, now, &items[i])
+		g, err := l.grant(ctx, now, caller, req.GetGatewayId(), &items[i])
 		if err != nil {
 			return nil, fmt.Errorf("item %d: %w", i, err)
 		}
@@ -168,8 +271,27 @@ func (l *leases) serve(ctx context.Context, req *allotv1.LeaseRequest) (*allotv1
 	return resp, nil
 }
 
-// grant takes one item's return, then sizes and charges its new lease.
-func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allotv1.LeaseGrant, error) {
+// take takes up to n tokens of the grant id, after forgetting expired
+// grants, and returns how many it may give back.
+func (l *leases) take(now time.Time, id grantID, n int64) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.grants.expire(now)
+	return l.grants.take(id, n)
+}
+
+// granted remembers a grant of n tokens made at now.
+func (l *leases) granted(now time.Time, id grantID, n int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.grants.expire(now)
+	l.grants.add(id, n, now.Add(2*l.ttl))
+}
+
+// grant takes one item's return, then sizes and charges its new lease,
+// for caller (an identity's URI; "" for anonymous callers) with the
+// gateway id it declares.
+func (l *leases) grant(ctx context.Context, now time.Time, caller, gateway string, it *leaseItem) (*allotv1.LeaseGrant, error) {
 	var dec allot.Decision
 	var inline [4]regional.Item
 	probe := it.CheckItem
@@ -204,15 +326,24 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 		l.tokens.WithLabelValues("used").Add(float64(it.used))
 	}
 	if it.returned > 0 {
-		if !sameWindow {
-			l.tokens.WithLabelValues("dropped").Add(float64(it.returned))
-		} else {
+		id := newGrantID(caller, gateway, &it.CheckItem, it.grantedAt.UnixNano())
+		back := l.take(now, id, it.returned)
+		if refused := it.returned - back; refused > 0 {
+			l.tokens.WithLabelValues("refused").Add(float64(refused))
+			l.s.log.Debug("lease return beyond the grant refused", "domain", it.Domain, "returned", it.returned, "refused", refused)
+		}
+		switch {
+		case back == 0:
+		case !sameWindow:
+			l.tokens.WithLabelValues("dropped").Add(float64(back))
+		default:
 			ri := it.CheckItem
-			ri.Hits = it.returned
+			ri.Hits = back
 			if err := l.s.refundItems(ctx, now, it.Domain, engineItems(ri, inline[:0]), &dec); err != nil {
+				l.granted(it.grantedAt, id, back) // not refunded: it may come back again
 				return nil, err
 			}
-			l.tokens.WithLabelValues("returned").Add(float64(it.returned))
+			l.tokens.WithLabelValues("returned").Add(float64(back))
 		}
 	}
 	if it.want == 0 || g.CheckEach {
@@ -230,6 +361,7 @@ func (l *leases) grant(ctx context.Context, now time.Time, it *leaseItem) (*allo
 		if dec.Allowed {
 			g.Granted = n
 			l.tokens.WithLabelValues("granted").Add(float64(n))
+			l.granted(now, newGrantID(caller, gateway, &it.CheckItem, g.GrantedAtUnixNano), n)
 		}
 	}
 	if g.Granted < it.want {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/internal/tlsx"
 	"github.com/allot-dev/allot/regional"
 )
 
@@ -41,6 +42,15 @@ type Options struct {
 	// RLQS configures Envoy's rate limit quota service; its Registry
 	// defaults to Registry.
 	RLQS RLQSOptions
+	// Authorization decides the roles of callers (authz.go): from their
+	// certificates' identities, else its anonymous roles. nil gives every
+	// caller every role, as before roles existed; the commands always set
+	// one (--anonymous-roles, --grant-roles). Lease returns are bounded
+	// by grants whatever it is.
+	Authorization *tlsx.Policy
+	// MaxLeaseGrants bounds the grants remembered so that their unused
+	// tokens can come back (lease.go); 0 means DefaultMaxLeaseGrants.
+	MaxLeaseGrants int
 }
 
 // Service serves one region's engine. The zero value is not usable; call
@@ -57,6 +67,7 @@ type Service struct {
 	shadow   *shadowLog    // samples would-be rejections of shadow limits (shadowlog.go)
 	leases   *leases       // gateway leases (lease.go)
 	rlqs     *RLQS         // Envoy's rate limit quota service (rlqs.go)
+	authz    *authz        // who may call what (authz.go)
 }
 
 // New returns a Service deciding with engine.
@@ -79,9 +90,10 @@ func New(engine *regional.Engine, opts Options) *Service {
 		maxBatch: opts.MaxBatch,
 	}
 	s.metrics = newMetrics(engine, opts.Enforcer, opts.Region, opts.Registry)
+	s.authz = newAuthz(opts.Authorization, opts.Registry)
 	s.rsv = newReserveState(s, opts)
 	s.shadow = newShadowLog(s.log, DefaultShadowLogRate)
-	s.leases = newLeases(s, opts.LeaseTTL, opts.Registry)
+	s.leases = newLeases(s, opts.LeaseTTL, opts.MaxLeaseGrants, opts.Registry)
 	if opts.RLQS.Registry == nil {
 		opts.RLQS.Registry = opts.Registry
 	}
