@@ -26,6 +26,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// The view owns the terminal: only warnings go to stderr by default.
 	f.logLevel = "warn"
 	fs.Lookup("log-level").DefValue = f.logLevel
+	// The story checks and reserves, and its dashboard reads the regions'
+	// Status and Usage: nothing more is open to anonymous callers.
+	f.anonymousRoles = "check,viewer"
+	fs.Lookup("anonymous-roles").DefValue = f.anonymousRoles
 	speed := fs.Float64("speed", 1, "play the story this many times faster (2: about a minute); request rates do not change")
 	once := fs.Bool("once", false, "exit when the story ends; without it the story starts over until Ctrl-C")
 	dashAddr := fs.String("dashboard-addr", "127.0.0.1:8060", "the dashboard's HTTP listen address")

@@ -37,6 +37,9 @@ type devFlags struct {
 
 func (f *devFlags) register(fs *flag.FlagSet) {
 	f.regionFlags.register(fs, "127.0.0.1:8081", "127.0.0.1:8080")
+	// Plain text on loopback: the Go SDK's gateway mode, Envoy's refunds
+	// (where a domain allows them) and allotctl's reads work anonymously.
+	f.registerRoles(fs, "check,gateway,refund,viewer")
 	fs.StringVar(&f.regions, "regions", "us-east,eu-west,ap-south", "regions to run; region i listens on the first region's ports + 10·i")
 	fs.StringVar(&f.coordAddr, "coordinator-addr", "127.0.0.1:8070", "the coordinator's gRPC listen address")
 	fs.StringVar(&f.etcdAddr, "etcd-addr", "127.0.0.1:2479", "the embedded etcd's client address (its peer address is the next port)")
@@ -103,6 +106,10 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	log, err := f.logger(stderr)
 	if err != nil {
 		return nil, err
+	}
+	authz, err := f.policy()
+	if err != nil {
+		return nil, fmt.Errorf("dev: %w", err)
 	}
 	cfg, err := loadConfig(f.config)
 	if err != nil {
@@ -216,7 +223,7 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 		if err != nil {
 			return nil, fmt.Errorf("dev: --http-addr: %w", err)
 		}
-		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log, sec: linkSecurity{security: sec}}
+		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log, sec: linkSecurity{security: sec}, authz: authz}
 		// Shared-mode counters and loans between the regions (peers.go).
 		spec.peers = devPeers(names, f.grpcAddr, i)
 		spec.store, spec.follow = c.store, true // regions follow the configuration in etcd and register

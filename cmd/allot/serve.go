@@ -57,6 +57,33 @@ type regionFlags struct {
 	storeTimeout time.Duration
 	leaseTTL     time.Duration
 	tls          tlsFlags
+	// anonymousRoles and grants decide callers' roles (--anonymous-roles,
+	// --grant-roles; docs/security.md, "Roles").
+	anonymousRoles string
+	grants         []tlsx.Grant
+}
+
+// registerRoles adds --anonymous-roles, with anonymous as its default,
+// and --grant-roles.
+func (f *regionFlags) registerRoles(fs *flag.FlagSet, anonymous string) {
+	fs.StringVar(&f.anonymousRoles, "anonymous-roles", anonymous, "roles of callers without an allot identity (plain text, TLS without a client certificate): comma-separated check, gateway, refund, viewer, operator, or none")
+	fs.Func("grant-roles", "URI=ROLE[,ROLE...]: adds roles to the certificate identity URI, or to every identity under a prefix ending in /* (repeatable)", func(s string) error {
+		g, err := tlsx.ParseGrant(s)
+		if err != nil {
+			return err
+		}
+		f.grants = append(f.grants, g)
+		return nil
+	})
+}
+
+// policy is the callers' roles the flags say.
+func (f *regionFlags) policy() (*tlsx.Policy, error) {
+	anon, err := tlsx.ParseRoles(f.anonymousRoles)
+	if err != nil {
+		return nil, fmt.Errorf("--anonymous-roles: %w", err)
+	}
+	return &tlsx.Policy{Anonymous: anon, Grants: f.grants}, nil
 }
 
 func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
@@ -92,6 +119,9 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&f.advertise, "advertise", "", "gRPC address other processes reach this enforcer at, registered in etcd for allotctl and peers (default: the gRPC listen address; set it when listening on 0.0.0.0 or behind NAT)")
 	fs.StringVar(&f.advertiseWeb, "advertise-http", "", "HTTP address registered in etcd (default: the HTTP listen address)")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", server.DefaultLeaseTTL, "how long a gateway (the Go SDK) may spend a Lease grant before its unused tokens come back; it also bounds how long a silent gateway is counted")
+	// viewer: a plain-text fleet's coordinators read the region's Usage
+	// and Status anonymously; over TLS, Admin needs a certificate anyway.
+	f.registerRoles(fs, "check,viewer")
 	f.tls.registerEtcd(fs)
 	f.tls.registerRedis(fs)
 	peerList := fs.String("peers", "", "the other regions and their enforcers' gRPC address, NAME=ADDR,...: shared-mode counters and loans (allot.v1.Peer)")
@@ -111,6 +141,10 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	log, err := f.logger(stderr)
 	if err != nil {
 		return err
+	}
+	authz, err := f.policy()
+	if err != nil {
+		return fmt.Errorf("regional: %w", err)
 	}
 	sec, err := f.regionLinks(log, peers)
 	if err != nil {
@@ -139,7 +173,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	node, err := startRegion(ctx, regionSpec{
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, advertise: f.advertise, advertiseHTTP: f.advertiseWeb, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), instance: f.instance, store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
-		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers, sec: sec,
+		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers, sec: sec, authz: authz,
 	})
 	if err != nil {
 		return err
@@ -185,6 +219,7 @@ type regionSpec struct {
 	leaseTTL                 time.Duration
 	peers                    map[string]string // other regions → gRPC address (peers.go)
 	sec                      linkSecurity      // TLS of the listeners and links (tls.go)
+	authz                    *tlsx.Policy      // callers' roles
 }
 
 // regionNode is one region's running enforcer.
@@ -249,7 +284,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL})
+	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL, Authorization: spec.authz})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
 	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)
