@@ -28,7 +28,7 @@ var badConfigs = []struct {
 	{"malformed", "domain: api\n  regions: [a]\n", "bad.yaml:2: malformed YAML: mapping values are not allowed in this context"},
 	{"malformed flow", "domain: [api\n", "bad.yaml:1: malformed YAML: did not find expected ',' or ']'"},
 	{"unknown top field", "domain: api\nregion: [a]\n",
-		"bad.yaml:2: region: unknown field, want one of domain, regions, plans, assign, limits, overrides"},
+		"bad.yaml:2: region: unknown field, want one of domain, regions, plans, assign, limits, overrides, allow_refunds"},
 	{"missing domain", "regions: [a]\n", "bad.yaml:1: domain: missing, want a name such as api"},
 	{"bad domain name", "domain: API\n", `bad.yaml:1: domain: invalid name "API", want [a-z0-9][a-z0-9_.-]* of at most 64 characters`},
 	{"duplicate domain", "domain: api\n---\ndomain: api\n", `bad.yaml:3: domain: duplicate domain "api", first defined at line 1`},
