@@ -399,4 +399,3 @@ func TestEveryMethodHasARole(t *testing.T) {
 		t.Errorf("%d methods registered, %d in methodRoles", n, len(methodRoles))
 	}
 }
-
