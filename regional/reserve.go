@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,8 +29,13 @@ var (
 	// longer than the grace period ago.
 	ErrUnknownReservation = errors.New("regional: unknown reservation")
 	// ErrTooManyReservations is returned by Reserve when MaxReservations
-	// are in flight.
+	// are in flight, or MaxPerKey on one of its keys, or MaxPerCaller of
+	// its caller.
 	ErrTooManyReservations = errors.New("regional: too many reservations in flight")
+	// ErrNotOwner is returned by Settle and Release (SettleAs, ReleaseAs)
+	// for a reservation another caller made. It wraps
+	// ErrUnknownReservation: to anyone else, the id is unknown.
+	ErrNotOwner = fmt.Errorf("%w: made by another caller", ErrUnknownReservation)
 )
 
 // Defaults of ReservationOptions.
@@ -45,6 +51,24 @@ const (
 	DefaultConcurrencyRetry = time.Second
 	maxModelLen             = 128
 	maxIDLen                = 64
+
+	// DefaultOutputSlack is how far above max_tokens a settled output may
+	// be, as a fraction of max_tokens: at most twice max_tokens. Providers
+	// may count more than the gateway asked for (other tokenizers,
+	// reasoning or tool tokens outside max_tokens); twice bounds what a
+	// settle can charge to a small multiple of what Reserve admitted
+	// without failing those. A settle above it is an error.
+	DefaultOutputSlack = 1.0
+	// DefaultMaxDescriptorBytes bounds the bytes of the keys and values of
+	// one reservation's descriptors, all together; DefaultMaxDescriptorEntries
+	// their entries.
+	DefaultMaxDescriptorBytes   = 4 << 10
+	DefaultMaxDescriptorEntries = 64
+	// DefaultMaxPerKey bounds the reservations in flight on one key of a
+	// token limit (a limit's concurrency, when set, is the tighter cap);
+	// DefaultMaxPerCaller those of one caller.
+	DefaultMaxPerKey    = 4096
+	DefaultMaxPerCaller = 1 << 16
 )
 
 // ReservationOptions configure Reservations. The zero value uses the
@@ -59,8 +83,25 @@ type ReservationOptions struct {
 	Grace time.Duration
 	// MaxReservations bounds the reservations in flight.
 	MaxReservations int
-	// MaxTokens bounds max_tokens and prompt_tokens.
+	// MaxTokens bounds max_tokens and prompt_tokens, and the input tokens
+	// of a settle.
 	MaxTokens int64
+	// OutputSlack bounds a settled output: at most max_tokens ×
+	// (1 + OutputSlack), rounded up. 0 means DefaultOutputSlack, a
+	// negative value none (output ≤ max_tokens).
+	OutputSlack float64
+	// MaxDescriptorBytes and MaxDescriptorEntries bound one reservation's
+	// descriptors: the bytes of their keys and values, and their entries,
+	// all together.
+	MaxDescriptorBytes, MaxDescriptorEntries int
+	// MaxPerKey bounds the reservations in flight per key of a token
+	// limit, MaxPerCaller per caller (ReserveRequest.Caller; callers
+	// without an identity are one caller).
+	MaxPerKey, MaxPerCaller int
+	// MaxTenantEstimates bounds the keys whose own output estimate is
+	// kept (about 200 bytes each); past it the least recently used is
+	// forgotten and falls back to its limit's estimate.
+	MaxTenantEstimates int
 	// Quantile of recent output sizes reserved (0.9); InitialFraction of
 	// max_tokens is reserved until a limit and model have MinSamples.
 	Quantile        float64
@@ -94,6 +135,10 @@ type ReserveRequest struct {
 	Estimate int64
 	// TTL, when > 0, replaces the default TTL; at most MaxTTL.
 	TTL time.Duration
+	// Caller is who asks, as the edge identified it ("" for a caller
+	// without an identity: they are all one caller). Only the same caller
+	// may settle or release the reservation.
+	Caller string
 }
 
 // Reservation is Reserve's answer.
@@ -168,6 +213,7 @@ type ReservationStats struct {
 	Active                       int    // in flight
 	Reservations, Rejections     uint64 // Reserve calls admitted / rejected
 	ConcurrencyRejections        uint64 // rejected by a concurrency cap
+	TenantEstimates              uint64 // estimates from the key's own samples (counted in LearnedEstimates too)
 	Expired, LateSettles         uint64
 	ReservedTokens               uint64 // held at admission
 	SettledTokens                uint64 // charged in the end: usage and billing come from these
@@ -196,16 +242,19 @@ type ReservationStats struct {
 // milliseconds. Safe for concurrent use; the zero value is not usable,
 // call NewReservations.
 type Reservations struct {
-	engine *Engine
-	enf    *Enforcer // nil: every limit in the engine
-	opts   ReservationOptions
-	est    estimator
+	engine  *Engine
+	enf     *Enforcer // nil: every limit in the engine
+	opts    ReservationOptions
+	est     estimator
+	tenants *tenantEstimates // each key's own estimate
 
-	mu    sync.Mutex // guards what follows
-	byID  map[string]*reservation
-	due   deadlines // by next deadline: expiry, then forgetting
-	rnd   *rand.Rand
-	count int // active reservations
+	mu        sync.Mutex // guards what follows
+	byID      map[string]*reservation
+	due       deadlines // by next deadline: expiry, then forgetting
+	rnd       *rand.Rand
+	count     int            // active reservations
+	perKey    map[uint64]int // active reservations per key of a token limit
+	perCaller map[string]int // active reservations per caller
 
 	slotMu sync.Mutex
 	slots  map[uint64]int64 // in-memory concurrency: key → reservations holding a slot
@@ -213,25 +262,28 @@ type Reservations struct {
 	stats struct {
 		reservations, rejections, concurrency, expired, late    atomic.Uint64
 		reserved, settled, refunded, overcharged, storeFailures atomic.Uint64
-		learned, fallbacks, caller, capped                      atomic.Uint64
+		learned, fallbacks, caller, capped, tenant              atomic.Uint64
 	}
 }
 
 // reservation is one Reserve's record. mu serialises its settlement;
 // Reservations.mu guards deadline.
 type reservation struct {
-	mu       sync.Mutex
-	id       string
-	domain   string
-	descs    []allot.Descriptor // nil once settled
-	model    string
-	reserved int64
-	expires  int64 // unix ns
-	deadline int64 // the next time Tick looks at it
-	state    State
-	slots    []heldSlot // held while active
-	limits   []string   // the token limits matched, for learning
-	result   Settlement // the first settlement, for repeats
+	mu        sync.Mutex
+	id        string
+	domain    string
+	caller    string
+	descs     []allot.Descriptor // nil once settled, or if no token limit matched
+	model     string
+	maxTokens int64
+	reserved  int64
+	expires   int64 // unix ns
+	deadline  int64 // the next time Tick looks at it
+	state     State
+	slots     []heldSlot // held while active
+	limits    []string   // the token limits matched, for learning
+	keys      []uint64   // their keys, for learning and MaxPerKey
+	result    Settlement // the first settlement, for repeats
 }
 
 // heldSlot is one concurrency slot a reservation holds.
@@ -273,6 +325,24 @@ func NewReservations(engine *Engine, enf *Enforcer, opts ReservationOptions) *Re
 	if opts.MaxModels <= 0 {
 		opts.MaxModels = DefaultMaxModels
 	}
+	if opts.OutputSlack == 0 {
+		opts.OutputSlack = DefaultOutputSlack
+	}
+	if opts.MaxDescriptorBytes <= 0 {
+		opts.MaxDescriptorBytes = DefaultMaxDescriptorBytes
+	}
+	if opts.MaxDescriptorEntries <= 0 {
+		opts.MaxDescriptorEntries = DefaultMaxDescriptorEntries
+	}
+	if opts.MaxPerKey <= 0 {
+		opts.MaxPerKey = DefaultMaxPerKey
+	}
+	if opts.MaxPerCaller <= 0 {
+		opts.MaxPerCaller = DefaultMaxPerCaller
+	}
+	if opts.MaxTenantEstimates <= 0 {
+		opts.MaxTenantEstimates = DefaultMaxTenantEstimates
+	}
 	if opts.NewSketch == nil {
 		opts.NewSketch = func() Sketch { return NewWindowSketch(windowSketchSize) }
 	}
@@ -284,9 +354,12 @@ func NewReservations(engine *Engine, enf *Enforcer, opts ReservationOptions) *Re
 		est: estimator{q: opts.Quantile, fraction: opts.InitialFraction, minN: float64(opts.MinSamples),
 			halfLife: int64(opts.HalfLife), maxModel: opts.MaxModels, newSk: opts.NewSketch,
 			entries: make(map[estKey]*estEntry), models: make(map[[2]string]int)},
-		byID:  make(map[string]*reservation),
-		rnd:   opts.Rand,
-		slots: make(map[uint64]int64),
+		tenants:   newTenantEstimates(opts.Quantile, opts.MinSamples, opts.MaxTenantEstimates),
+		byID:      make(map[string]*reservation),
+		rnd:       opts.Rand,
+		slots:     make(map[uint64]int64),
+		perKey:    make(map[uint64]int),
+		perCaller: make(map[string]int),
 	}
 }
 
@@ -337,12 +410,38 @@ func (rs *Reservations) validate(req *ReserveRequest) error {
 	case 2*len(req.Descriptors) > MaxItems:
 		return fmt.Errorf("%w: %d descriptors, at most %d", ErrBadDescriptor, len(req.Descriptors), MaxItems/2)
 	}
+	size, entries := 0, 0
 	for i, d := range req.Descriptors {
 		if len(d) == 0 {
 			return fmt.Errorf("%w: descriptor %d is empty", ErrBadDescriptor, i)
 		}
+		entries += len(d)
+		for _, e := range d {
+			size += len(e.Key) + len(e.Value)
+		}
+	}
+	if entries > rs.opts.MaxDescriptorEntries {
+		return fmt.Errorf("%w: %d descriptor entries, at most %d in a reservation", ErrBadDescriptor, entries, rs.opts.MaxDescriptorEntries)
+	}
+	if size > rs.opts.MaxDescriptorBytes {
+		return fmt.Errorf("%w: descriptors of %d bytes, at most %d in a reservation", ErrBadDescriptor, size, rs.opts.MaxDescriptorBytes)
+	}
+	if len(req.Caller) > maxCallerLen {
+		return fmt.Errorf("%w: caller of %d bytes, at most %d", ErrBadReservation, len(req.Caller), maxCallerLen)
 	}
 	return validModel(req.Model)
+}
+
+// maxCallerLen bounds a caller's name (a certificate's URI SAN).
+const maxCallerLen = 512
+
+// maxOutput is the most output a settle of a reservation of maxTokens
+// may declare.
+func (rs *Reservations) maxOutput(maxTokens int64) int64 {
+	if rs.opts.OutputSlack <= 0 {
+		return maxTokens
+	}
+	return min(maxTokens+int64(math.Ceil(rs.opts.OutputSlack*float64(maxTokens))), allot.MaxAmount)
 }
 
 // tokenItems makes one item per descriptor that costs cost on token
@@ -384,15 +483,34 @@ func (rs *Reservations) Reserve(ctx context.Context, now time.Time, req ReserveR
 	if err != nil {
 		return out, err
 	}
+	var keys []uint64 // of the token limits, each once
+	for _, w := range ws {
+		if !w.ls.l.Unlimited && !slices.Contains(keys, w.key) {
+			keys = append(keys, w.key)
+		}
+	}
 	est, learned := req.Estimate, false
 	if est == 0 {
+		own := false
 		for _, w := range ws {
 			if w.ls.l.Unlimited {
 				continue
 			}
+			// The limit's estimate, shared by its keys, held within
+			// ±10 % of the key's own once it has samples of its own: other
+			// tenants' settles move a tenant's estimate by at most that.
 			e, l := rs.est.estimate(req.Domain, w.ls.l.Name, req.Model, req.MaxTokens, t)
+			o := false
+			if v, ok := rs.tenants.estimate(w.key, req.Model); ok {
+				if !l {
+					e = v
+				} else {
+					e = min(max(e, v-v/tenantBand), v+v/tenantBand)
+				}
+				e, l, o = min(max(e, 1), req.MaxTokens), true, true
+			}
 			if e > est {
-				est, learned = e, l
+				est, learned, own = e, l, o
 			}
 		}
 		if est == 0 { // no token limit: nothing to learn from
@@ -402,6 +520,9 @@ func (rs *Reservations) Reserve(ctx context.Context, now time.Time, req ReserveR
 			rs.stats.learned.Add(1)
 		} else {
 			rs.stats.fallbacks.Add(1)
+		}
+		if own {
+			rs.stats.tenant.Add(1)
 		}
 	} else {
 		rs.stats.caller.Add(1)
@@ -424,28 +545,34 @@ func (rs *Reservations) Reserve(ctx context.Context, now time.Time, req ReserveR
 		ttl = rs.opts.TTL
 	}
 	rs.mu.Lock()
-	if rs.count >= rs.opts.MaxReservations {
+	if err := rs.openLocked(req.Caller, keys); err != nil {
 		rs.mu.Unlock()
-		return out, fmt.Errorf("%w: %d", ErrTooManyReservations, rs.opts.MaxReservations)
+		return out, err
 	}
-	rs.count++ // held from here; given back if rejected
+	// Held from here; given back if rejected.
 	id := rs.newID()
 	rs.mu.Unlock()
 	admitted := false
 	defer func() {
 		if !admitted {
 			rs.mu.Lock()
-			rs.count--
+			rs.closeLocked(req.Caller, keys)
 			rs.mu.Unlock()
 		}
 	}()
 
-	r := &reservation{id: id, domain: req.Domain, descs: req.Descriptors, model: req.Model,
-		reserved: reserved, expires: t + int64(ttl), state: Active}
+	r := &reservation{id: id, domain: req.Domain, caller: req.Caller, descs: req.Descriptors, model: req.Model,
+		maxTokens: req.MaxTokens, reserved: reserved, expires: t + int64(ttl), state: Active, keys: keys}
 	for _, w := range ws {
 		if !w.ls.l.Unlimited && !containsString(r.limits, w.ls.l.Name) {
 			r.limits = append(r.limits, w.ls.l.Name)
 		}
+	}
+	if len(r.limits) == 0 {
+		// No token limit: a settlement has nothing to correct, so the
+		// descriptors are not kept (what it holds is this record alone,
+		// counted against MaxPerCaller and MaxReservations).
+		r.descs = nil
 	}
 
 	// Concurrency first: a request it rejects is charged nothing.
@@ -505,6 +632,49 @@ func (rs *Reservations) Reserve(ctx context.Context, now time.Time, req ReserveR
 	return out, nil
 }
 
+// openLocked counts a reservation of caller on keys in flight, if
+// MaxReservations, MaxPerCaller and MaxPerKey leave room. The caller
+// holds rs.mu.
+func (rs *Reservations) openLocked(caller string, keys []uint64) error {
+	if rs.count >= rs.opts.MaxReservations {
+		return fmt.Errorf("%w: %d in this instance", ErrTooManyReservations, rs.opts.MaxReservations)
+	}
+	if n := rs.perCaller[caller]; n >= rs.opts.MaxPerCaller {
+		return fmt.Errorf("%w: %d of caller %q, at most %d", ErrTooManyReservations, n, callerName(caller), rs.opts.MaxPerCaller)
+	}
+	for _, k := range keys {
+		if n := rs.perKey[k]; n >= rs.opts.MaxPerKey {
+			return fmt.Errorf("%w: %d on one key, at most %d", ErrTooManyReservations, n, rs.opts.MaxPerKey)
+		}
+	}
+	rs.count++
+	rs.perCaller[caller]++
+	for _, k := range keys {
+		rs.perKey[k]++
+	}
+	return nil
+}
+
+// closeLocked undoes openLocked. The caller holds rs.mu.
+func (rs *Reservations) closeLocked(caller string, keys []uint64) {
+	rs.count--
+	if rs.perCaller[caller]--; rs.perCaller[caller] <= 0 {
+		delete(rs.perCaller, caller)
+	}
+	for _, k := range keys {
+		if rs.perKey[k]--; rs.perKey[k] <= 0 {
+			delete(rs.perKey, k)
+		}
+	}
+}
+
+func callerName(c string) string {
+	if c == "" {
+		return "(anonymous)"
+	}
+	return c
+}
+
 func containsString(ss []string, s string) bool {
 	for _, x := range ss {
 		if x == s {
@@ -537,25 +707,47 @@ func (rs *Reservations) newID() string {
 // for the next estimates. A reservation that expired is corrected from
 // its reserved amount within the grace period. Settling again, or after
 // Release, charges nothing and returns the first answer.
+//
+// Settle acts as the anonymous caller (ReserveRequest.Caller ""); see
+// SettleAs. Input must be at most MaxTokens, output at most the
+// reservation's max_tokens with OutputSlack; otherwise it returns
+// ErrBadReservation and changes nothing: the reservation stays as it was.
 func (rs *Reservations) Settle(ctx context.Context, now time.Time, id string, input, output int64) (Settlement, error) {
-	if input < 0 || output < 0 || input > allot.MaxAmount || output > allot.MaxAmount {
-		return Settlement{}, fmt.Errorf("%w: input_tokens %d and output_tokens %d must be in [0, %d]",
-			ErrBadReservation, input, output, int64(allot.MaxAmount))
+	return rs.SettleAs(ctx, now, "", id, input, output)
+}
+
+// SettleAs is Settle for caller, who must be the one that made the
+// reservation (ErrNotOwner otherwise).
+func (rs *Reservations) SettleAs(ctx context.Context, now time.Time, caller, id string, input, output int64) (Settlement, error) {
+	if input < 0 || output < 0 || input > rs.opts.MaxTokens || output > allot.MaxAmount {
+		return Settlement{}, fmt.Errorf("%w: input_tokens %d must be in [0, %d], output_tokens %d in [0, max_tokens]",
+			ErrBadReservation, input, rs.opts.MaxTokens, output)
 	}
-	return rs.finish(ctx, now, id, input+output, output, Settled)
+	return rs.finish(ctx, now, caller, id, input, output, Settled)
 }
 
 // Release ends a cancelled stream's reservation: used (the tokens used so
 // far, prompt included) is charged as Settle charges real usage. It
-// teaches the estimate nothing, since the output was cut short.
+// teaches the estimate nothing, since the output was cut short. Used is
+// bounded as Settle's input plus output are.
+//
+// Release acts as the anonymous caller; see ReleaseAs.
 func (rs *Reservations) Release(ctx context.Context, now time.Time, id string, used int64) (Settlement, error) {
+	return rs.ReleaseAs(ctx, now, "", id, used)
+}
+
+// ReleaseAs is Release for caller, who must be the one that made the
+// reservation (ErrNotOwner otherwise).
+func (rs *Reservations) ReleaseAs(ctx context.Context, now time.Time, caller, id string, used int64) (Settlement, error) {
 	if used < 0 || used > allot.MaxAmount {
 		return Settlement{}, fmt.Errorf("%w: used tokens %d must be in [0, %d]", ErrBadReservation, used, int64(allot.MaxAmount))
 	}
-	return rs.finish(ctx, now, id, used, -1, Released)
+	return rs.finish(ctx, now, caller, id, used, -1, Released)
 }
 
-func (rs *Reservations) finish(ctx context.Context, now time.Time, id string, used, output int64, to State) (Settlement, error) {
+// finish settles (output ≥ 0: input and output) or releases (output
+// −1: input is what was used) reservation id for caller.
+func (rs *Reservations) finish(ctx context.Context, now time.Time, caller, id string, input, output int64, to State) (Settlement, error) {
 	if id == "" || len(id) > maxIDLen {
 		return Settlement{}, fmt.Errorf("%w: reservation id of %d bytes, want 1 to %d", ErrBadReservation, len(id), maxIDLen)
 	}
@@ -566,18 +758,29 @@ func (rs *Reservations) finish(ctx context.Context, now time.Time, id string, us
 		return Settlement{}, fmt.Errorf("%w %q: never given out here, or settled or expired more than %v ago",
 			ErrUnknownReservation, id, rs.opts.Grace)
 	}
+	if r.caller != caller { // immutable: no lock needed
+		return Settlement{}, fmt.Errorf("%w: reservation %q, caller %s", ErrNotOwner, id, callerName(caller))
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch r.state {
-	case Settled, Released:
+	if r.state == Settled || r.state == Released {
 		res := r.result
 		res.Repeat, res.Decision = true, allot.Decision{Allowed: true}
 		return res, nil
+	}
+	// Bounds that depend on the reservation, checked before anything
+	// changes: an error leaves it as it was (a repeat above charges
+	// nothing, whatever it says).
+	used, err := rs.used(r, input, output)
+	if err != nil {
+		return Settlement{}, err
+	}
+	switch r.state {
 	case Active:
 		rs.free(ctx, now, r.id, r.slots)
 		r.slots = nil
 		rs.mu.Lock()
-		rs.count--
+		rs.closeLocked(r.caller, r.keys)
 		rs.mu.Unlock()
 	case Expired:
 		rs.stats.late.Add(1)
@@ -588,7 +791,6 @@ func (rs *Reservations) finish(ctx context.Context, now time.Time, id string, us
 	}
 	res := Settlement{ID: id, State: to, Reserved: r.reserved, Settled: used, Late: r.state == Expired}
 	delta := used - r.reserved
-	var err error
 	switch {
 	case delta < 0:
 		res.Refunded = -delta
@@ -606,6 +808,9 @@ func (rs *Reservations) finish(ctx context.Context, now time.Time, id string, us
 		for _, l := range r.limits {
 			rs.est.observe(r.domain, l, r.model, output, now.UnixNano())
 		}
+		for _, k := range r.keys {
+			rs.tenants.observe(k, r.model, output)
+		}
 	}
 	rs.stats.settled.Add(uint64(used))
 	rs.stats.refunded.Add(uint64(res.Refunded))
@@ -618,6 +823,30 @@ func (rs *Reservations) finish(ctx context.Context, now time.Time, id string, us
 	rs.setDeadline(r, now.UnixNano()+int64(rs.opts.Grace), false)
 	rs.mu.Unlock()
 	return res, nil
+}
+
+// used is what settling r with input and output (−1: releasing it with
+// input used) charges, or ErrBadReservation if r could not have used
+// that much: output above max_tokens and its slack, a release above
+// MaxTokens of prompt and that output, or a total above the accounting
+// cap (allot.MaxAmount).
+func (rs *Reservations) used(r *reservation, input, output int64) (int64, error) {
+	used, maxOut := input, rs.maxOutput(r.maxTokens)
+	if output >= 0 {
+		if output > maxOut {
+			return 0, fmt.Errorf("%w: output_tokens %d above the reservation's max_tokens %d (with slack: at most %d)",
+				ErrBadReservation, output, r.maxTokens, maxOut)
+		}
+		used = input + output
+	} else if most := rs.opts.MaxTokens + maxOut; used > most {
+		return 0, fmt.Errorf("%w: used tokens %d above what the reservation could use: prompt up to %d, output up to %d",
+			ErrBadReservation, used, rs.opts.MaxTokens, maxOut)
+	}
+	if used > allot.MaxAmount {
+		return 0, fmt.Errorf("%w: input and output of %d tokens, above the accounting cap of %d",
+			ErrBadReservation, used, int64(allot.MaxAmount))
+	}
+	return used, nil
 }
 
 // refund gives tokens back where Reserve charged them.
@@ -677,7 +906,7 @@ func (rs *Reservations) tick(ctx context.Context, now time.Time) int {
 			rs.stats.expired.Add(1)
 			rs.stats.settled.Add(uint64(r.reserved))
 			rs.mu.Lock()
-			rs.count--
+			rs.closeLocked(r.caller, r.keys)
 			rs.setDeadline(r, r.expires+int64(rs.opts.Grace), false)
 			rs.mu.Unlock()
 			n++
@@ -705,7 +934,7 @@ func (rs *Reservations) Stats() ReservationStats {
 		ConcurrencyRejections: s.concurrency.Load(), Expired: s.expired.Load(), LateSettles: s.late.Load(),
 		ReservedTokens: s.reserved.Load(), SettledTokens: s.settled.Load(), RefundedTokens: s.refunded.Load(),
 		OverchargedTokens: s.overcharged.Load(), StoreFailures: s.storeFailures.Load(),
-		LearnedEstimates: s.learned.Load(), Fallbacks: s.fallbacks.Load(), CallerEstimates: s.caller.Load(), EstimateCap: s.capped.Load(),
+		TenantEstimates: s.tenant.Load(), LearnedEstimates: s.learned.Load(), Fallbacks: s.fallbacks.Load(), CallerEstimates: s.caller.Load(), EstimateCap: s.capped.Load(),
 	}
 }
 

@@ -504,7 +504,8 @@ limits:
 	instance := func(name string) *Reservations {
 		e := New(mustConfig(t, cfg), Options{})
 		f := NewEnforcer(e, store, EnforcerOptions{Region: "r", Instance: name})
-		return NewReservations(e, f, ReservationOptions{TTL: time.Minute, Rand: rand.New(rand.NewPCG(uint64(len(name)), 7))})
+		// OutputSlack: the overcharge below settles 2000 times max_tokens.
+		return NewReservations(e, f, ReservationOptions{TTL: time.Minute, Rand: rand.New(rand.NewPCG(uint64(len(name)), 7)), OutputSlack: 2000})
 	}
 	a, b := instance("a"), instance("bb")
 	ra := reserve(t, a, t0, "acme", 10, 100)
