@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/internal/tlsx"
 	"github.com/allot-dev/allot/internal/wirejson"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
@@ -111,8 +115,48 @@ func (s *Service) RunReservations(ctx context.Context, every time.Duration) {
 	}
 }
 
-// reserveRequest converts a ReserveRequest from the wire.
-func reserveRequest(req *allotv1.ReserveRequest) (regional.ReserveRequest, error) {
+// grpcCaller names a gRPC call's caller for the ownership of its
+// reservations: the URI of its certificate's allot identity; a hash of a
+// verified certificate without one; "" (the anonymous caller) without a
+// certificate: plain text (loopback only) or TLS without a client
+// certificate.
+func grpcCaller(ctx context.Context) string {
+	id, secured, err := tlsx.Caller(ctx)
+	if !secured {
+		return ""
+	}
+	if err == nil {
+		return id.URI
+	}
+	c, cerr := tlsx.PeerCertificate(ctx)
+	return certCaller(c, cerr)
+}
+
+// httpCaller is grpcCaller for an HTTP request.
+func httpCaller(r *http.Request) string {
+	if r.TLS == nil {
+		return ""
+	}
+	if id, err := tlsx.RequestIdentity(r); err == nil {
+		return id.URI
+	}
+	c, err := tlsx.RequestCertificate(r)
+	return certCaller(c, err)
+}
+
+// certCaller names a verified certificate without an allot identity by
+// its hash; no certificate is the anonymous caller.
+func certCaller(c *x509.Certificate, err error) string {
+	if err != nil || c == nil {
+		return ""
+	}
+	h := sha256.Sum256(c.Raw)
+	return "cert:sha256:" + hex.EncodeToString(h[:])
+}
+
+// reserveRequest converts a ReserveRequest from the wire. A TTL above
+// maxTTL is cut to maxTTL (the answer says the TTL given).
+func reserveRequest(req *allotv1.ReserveRequest, maxTTL time.Duration) (regional.ReserveRequest, error) {
 	out := regional.ReserveRequest{Domain: req.GetDomain(), PromptTokens: req.GetPromptTokens(),
 		MaxTokens: req.GetMaxTokens(), Model: req.GetModel()}
 	if req.Estimate != nil {
@@ -125,14 +169,15 @@ func reserveRequest(req *allotv1.ReserveRequest) (regional.ReserveRequest, error
 		if err := req.Ttl.CheckValid(); err != nil || req.Ttl.AsDuration() <= 0 {
 			return out, fmt.Errorf("%w: ttl %v, want a positive duration (or none)", regional.ErrBadReservation, req.Ttl.AsDuration())
 		}
-		out.TTL = req.Ttl.AsDuration()
+		out.TTL = min(req.Ttl.AsDuration(), maxTTL) // AsDuration saturates: no overflow
 	}
 	out.Descriptors = descriptors(req.GetDescriptors())
 	return out, nil
 }
 
-func (s *Service) reserve(ctx context.Context, req *allotv1.ReserveRequest) (*allotv1.ReserveResponse, *allot.Decision, error) {
-	r, err := reserveRequest(req)
+func (s *Service) reserve(ctx context.Context, caller string, req *allotv1.ReserveRequest) (*allotv1.ReserveResponse, *allot.Decision, error) {
+	r, err := reserveRequest(req, s.rsv.rs.Options().MaxTTL)
+	r.Caller = caller
 	var res regional.Reservation
 	if err == nil {
 		res, err = s.rsv.rs.Reserve(ctx, s.now(), r)
@@ -162,8 +207,8 @@ func settlement(st regional.Settlement) *allotv1.Settlement {
 	}
 }
 
-func (s *Service) settle(ctx context.Context, id string, input, output int64) (*allotv1.Settlement, *allot.Decision, error) {
-	st, err := s.rsv.rs.Settle(ctx, s.now(), id, input, output)
+func (s *Service) settle(ctx context.Context, caller, id string, input, output int64) (*allotv1.Settlement, *allot.Decision, error) {
+	st, err := s.rsv.rs.SettleAs(ctx, s.now(), caller, id, input, output)
 	if err != nil {
 		s.metrics.errors.WithLabelValues(reason(err)).Inc()
 		return nil, nil, err
@@ -174,8 +219,8 @@ func (s *Service) settle(ctx context.Context, id string, input, output int64) (*
 	return settlement(st), &st.Decision, nil
 }
 
-func (s *Service) release(ctx context.Context, id string, used int64) (*allotv1.Settlement, *allot.Decision, error) {
-	st, err := s.rsv.rs.Release(ctx, s.now(), id, used)
+func (s *Service) release(ctx context.Context, caller, id string, used int64) (*allotv1.Settlement, *allot.Decision, error) {
+	st, err := s.rsv.rs.ReleaseAs(ctx, s.now(), caller, id, used)
 	if err != nil {
 		s.metrics.errors.WithLabelValues(reason(err)).Inc()
 		return nil, nil, err
@@ -185,7 +230,7 @@ func (s *Service) release(ctx context.Context, id string, used int64) (*allotv1.
 
 // Reserve implements allot.v1.RateLimiter.
 func (r rateLimiter) Reserve(ctx context.Context, req *allotv1.ReserveRequest) (*allotv1.ReserveResponse, error) {
-	resp, _, err := r.s.reserve(ctx, req)
+	resp, _, err := r.s.reserve(ctx, grpcCaller(ctx), req)
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -194,7 +239,7 @@ func (r rateLimiter) Reserve(ctx context.Context, req *allotv1.ReserveRequest) (
 
 // Settle implements allot.v1.RateLimiter.
 func (r rateLimiter) Settle(ctx context.Context, req *allotv1.SettleRequest) (*allotv1.SettleResponse, error) {
-	st, _, err := r.s.settle(ctx, req.GetReservationId(), req.GetInputTokens(), req.GetOutputTokens())
+	st, _, err := r.s.settle(ctx, grpcCaller(ctx), req.GetReservationId(), req.GetInputTokens(), req.GetOutputTokens())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -203,7 +248,7 @@ func (r rateLimiter) Settle(ctx context.Context, req *allotv1.SettleRequest) (*a
 
 // Release implements allot.v1.RateLimiter.
 func (r rateLimiter) Release(ctx context.Context, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
-	st, _, err := r.s.release(ctx, req.GetReservationId(), req.GetUsedTokens())
+	st, _, err := r.s.release(ctx, grpcCaller(ctx), req.GetReservationId(), req.GetUsedTokens())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -277,6 +322,18 @@ func writeProto(w http.ResponseWriter, code int, m proto.Message) {
 	w.Write([]byte("\n"))
 }
 
+// ttlMillis converts ttl_ms: at least 1, cut to maxTTL, compared before
+// it is multiplied so that no value overflows into a short TTL.
+func ttlMillis(ms int64, maxTTL time.Duration) (time.Duration, error) {
+	if ms < 1 {
+		return 0, fmt.Errorf("%w: ttl_ms %d, want at least 1 (or none)", regional.ErrBadReservation, ms)
+	}
+	if ms >= int64(maxTTL/time.Millisecond) {
+		return maxTTL, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
 func (s *Service) httpReserve(w http.ResponseWriter, r *http.Request) {
 	var body reserveBody
 	if !readJSON(w, r, &body) {
@@ -285,7 +342,12 @@ func (s *Service) httpReserve(w http.ResponseWriter, r *http.Request) {
 	req := &allotv1.ReserveRequest{Domain: body.Domain, PromptTokens: body.PromptTokens, MaxTokens: body.MaxTokens,
 		Model: body.Model, Estimate: body.Estimate}
 	if body.TTLMillis != nil {
-		req.Ttl = durationpb.New(time.Duration(*body.TTLMillis) * time.Millisecond)
+		ttl, err := ttlMillis(*body.TTLMillis, s.rsv.rs.Options().MaxTTL)
+		if err != nil {
+			writeError(w, httpStatus(err), err)
+			return
+		}
+		req.Ttl = durationpb.New(ttl)
 	}
 	for _, m := range body.Descriptors {
 		d := &allotv1.Descriptor{}
@@ -294,7 +356,7 @@ func (s *Service) httpReserve(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Descriptors = append(req.Descriptors, d)
 	}
-	resp, dec, err := s.reserve(r.Context(), req)
+	resp, dec, err := s.reserve(r.Context(), httpCaller(r), req)
 	if err != nil {
 		writeError(w, httpStatus(err), err)
 		return
@@ -314,7 +376,7 @@ func (s *Service) httpSettle(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &body) {
 		return
 	}
-	st, dec, err := s.settle(r.Context(), body.ReservationID, body.InputTokens, body.OutputTokens)
+	st, dec, err := s.settle(r.Context(), httpCaller(r), body.ReservationID, body.InputTokens, body.OutputTokens)
 	s.writeSettlement(w, st, dec, err)
 }
 
@@ -323,7 +385,7 @@ func (s *Service) httpRelease(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &body) {
 		return
 	}
-	st, dec, err := s.release(r.Context(), body.ReservationID, body.UsedTokens)
+	st, dec, err := s.release(r.Context(), httpCaller(r), body.ReservationID, body.UsedTokens)
 	s.writeSettlement(w, st, dec, err)
 }
 

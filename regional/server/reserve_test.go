@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,11 +14,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allot-dev/allot"
+	"github.com/allot-dev/allot/internal/testpki"
+	"github.com/allot-dev/allot/internal/tlsx"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/allot-dev/allot/regional"
 )
@@ -283,4 +289,175 @@ func TestRunReservations(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// ttl_ms is compared before it is multiplied: a value that overflowed
+// into a TTL of under a millisecond, or one above the maximum, gets the
+// maximum TTL (an hour by default), which the answer says.
+func TestHTTPReserveTTLMillis(t *testing.T) {
+	s, _ := newReserveService(t, nil)
+	h := s.HTTPHandler(HTTPOptions{})
+	for _, tc := range []struct {
+		ms   string
+		code int
+		ttl  string
+	}{
+		{"18446744073710", 200, "3600s"}, // × 1e6 wraps to 448 µs
+		{"9223372036854775807", 200, "3600s"},
+		{"7200000", 200, "3600s"},
+		{"5000", 200, "5s"},
+		{"0", 400, ""},
+		{"-9223372036854775808", 400, ""},
+	} {
+		w := postTo(t, h, "/v1/reserve", `{"domain":"llm","descriptors":[{"tenant":"t`+tc.ms+`"}],"max_tokens":10,"ttl_ms":`+tc.ms+`}`)
+		var res struct {
+			TTL string `json:"ttl"`
+		}
+		json.Unmarshal(w.Body.Bytes(), &res)
+		if w.Code != tc.code || res.TTL != tc.ttl {
+			t.Errorf("ttl_ms %s: %d, ttl %q; want %d, %q (%s)", tc.ms, w.Code, res.TTL, tc.code, tc.ttl, w.Body)
+		}
+	}
+	// Over gRPC too, a TTL above the maximum is cut to it.
+	cl := allotv1.NewRateLimiterClient(serveGRPC(t, s))
+	r, err := cl.Reserve(context.Background(), &allotv1.ReserveRequest{Domain: "llm", Descriptors: []*allotv1.Descriptor{desc("tenant", "g")},
+		MaxTokens: 10, Ttl: durationpb.New(1000 * time.Hour)})
+	if err != nil || r.Ttl.AsDuration() != regional.DefaultMaxTTL {
+		t.Fatalf("gRPC ttl of 1000 h: %v %v, want %v", r, err, regional.DefaultMaxTTL)
+	}
+}
+
+// Big descriptors are refused: 200 reservations of 1 MB descriptors that
+// matched no limit held 300 MB.
+func TestHTTPReserveDescriptorBounds(t *testing.T) {
+	s, _ := newReserveService(t, nil)
+	h := s.HTTPHandler(HTTPOptions{})
+	big := strings.Repeat("x", 512<<10)
+	for _, body := range []string{
+		`{"domain":"llm","descriptors":[{"junk":"` + big + `"}],"max_tokens":10,"ttl_ms":3600000}`,
+		`{"domain":"llm","descriptors":[{"tenant":"a","junk":"` + big + `"}],"max_tokens":10}`,
+	} {
+		if w := postTo(t, h, "/v1/reserve", body); w.Code != http.StatusBadRequest {
+			t.Errorf("a reservation of 512 KiB descriptors: %d, want 400", w.Code)
+		}
+	}
+	if st := s.Reservations().Stats(); st.Active != 0 {
+		t.Fatalf("big descriptors held: %+v", st)
+	}
+}
+
+// A settle of output far above max_tokens over gRPC is InvalidArgument
+// and changes nothing; the reservation settles afterwards.
+func TestGRPCSettleBounds(t *testing.T) {
+	s, _ := newReserveService(t, nil)
+	cl := allotv1.NewRateLimiterClient(serveGRPC(t, s))
+	ctx := context.Background()
+	r, err := cl.Reserve(ctx, &allotv1.ReserveRequest{Domain: "llm", Descriptors: []*allotv1.Descriptor{desc("tenant", "acme")},
+		PromptTokens: 10, MaxTokens: 100})
+	if err != nil || !r.Allowed {
+		t.Fatal(r, err)
+	}
+	for _, bad := range []*allotv1.SettleRequest{
+		{ReservationId: r.ReservationId, InputTokens: 10, OutputTokens: 1 << 50},
+		{ReservationId: r.ReservationId, InputTokens: 1 << 49, OutputTokens: 1 << 49},
+		{ReservationId: r.ReservationId, InputTokens: 10, OutputTokens: 201},
+	} {
+		if _, err := cl.Settle(ctx, bad); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("settle %v: %v, want InvalidArgument", bad, err)
+		}
+	}
+	if _, err := cl.Release(ctx, &allotv1.ReleaseRequest{ReservationId: r.ReservationId, UsedTokens: 1 << 50}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("release of 2^50: %v, want InvalidArgument", err)
+	}
+	if st := s.Reservations().Stats(); st.Active != 1 || st.SettledTokens != 0 || st.StoreFailures != 0 {
+		t.Fatalf("refused settles counted: %+v", st)
+	}
+	st, err := cl.Settle(ctx, &allotv1.SettleRequest{ReservationId: r.ReservationId, InputTokens: 10, OutputTokens: 200})
+	if err != nil || st.Settlement.OverchargedTokens != 150 {
+		t.Fatalf("settle at twice max_tokens: %v %v", st, err)
+	}
+}
+
+// tlsReserve serves s over TLS on loopback (client certificates verified
+// when given) and returns clients: one per gateway URI, and "" for one
+// without a certificate.
+func tlsReserve(t *testing.T, s *Service, uris ...string) map[string]allotv1.RateLimiterClient {
+	t.Helper()
+	pki := testpki.New(t)
+	src, err := tlsx.NewSource(tlsx.Files(pki.Issue(t, "server", testpki.Leaf{IPs: testpki.Loopback})), tlsx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := src.ServerOptions(tls.VerifyClientCertIfGiven)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(opts...)
+	s.RegisterGRPC(gs)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+	out := map[string]allotv1.RateLimiterClient{}
+	for i, uri := range append(uris, "") {
+		files := tlsx.Files{CA: pki.CAFile}
+		if uri != "" {
+			files = tlsx.Files(pki.Issue(t, fmt.Sprintf("client%d", i), testpki.Leaf{URIs: []string{uri}}))
+		}
+		csrc, err := tlsx.NewSource(files, tlsx.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := grpc.NewClient(l.Addr().String(), csrc.DialOption(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		out[uri] = allotv1.NewRateLimiterClient(cc)
+	}
+	return out
+}
+
+// Over TLS, only the gateway that made a reservation may settle or
+// release it; to another, and to a caller without a certificate, the id
+// is unknown. Callers without a certificate are one anonymous caller.
+func TestGRPCSettleOnlyByOwner(t *testing.T) {
+	s, _ := newReserveService(t, nil)
+	const gw1, gw2 = "spiffe://allot/gateway/gw1", "spiffe://allot/region/test/gateway/gw2"
+	cls := tlsReserve(t, s, gw1, gw2)
+	plain := allotv1.NewRateLimiterClient(serveGRPC(t, s))
+	ctx := context.Background()
+	req := &allotv1.ReserveRequest{Domain: "llm", Descriptors: []*allotv1.Descriptor{desc("tenant", "acme")}, PromptTokens: 100, MaxTokens: 1000}
+	r, err := cls[gw1].Reserve(ctx, req)
+	if err != nil || !r.Allowed {
+		t.Fatal(r, err)
+	}
+	for name, cl := range map[string]allotv1.RateLimiterClient{"gw2": cls[gw2], "no certificate": cls[""], "plain text": plain} {
+		if _, err := cl.Settle(ctx, &allotv1.SettleRequest{ReservationId: r.ReservationId, InputTokens: 0, OutputTokens: 0}); status.Code(err) != codes.NotFound {
+			t.Errorf("settle by %s: %v, want NotFound", name, err)
+		}
+		if _, err := cl.Release(ctx, &allotv1.ReleaseRequest{ReservationId: r.ReservationId}); status.Code(err) != codes.NotFound {
+			t.Errorf("release by %s: %v, want NotFound", name, err)
+		}
+	}
+	if st := s.Reservations().Stats(); st.Active != 1 || st.SettledTokens != 0 {
+		t.Fatalf("another caller's settle took effect: %+v", st)
+	}
+	st, err := cls[gw1].Settle(ctx, &allotv1.SettleRequest{ReservationId: r.ReservationId, InputTokens: 100, OutputTokens: 100})
+	if err != nil || st.Settlement.RefundedTokens != 400 {
+		t.Fatalf("owner's settle: %v %v", st, err)
+	}
+	// Without a certificate, over TLS or plain text: one anonymous caller.
+	a, err := cls[""].Reserve(ctx, req)
+	if err != nil || !a.Allowed {
+		t.Fatal(a, err)
+	}
+	if _, err := cls[gw1].Release(ctx, &allotv1.ReleaseRequest{ReservationId: a.ReservationId}); status.Code(err) != codes.NotFound {
+		t.Errorf("gw1 released an anonymous reservation: %v", err)
+	}
+	if rel, err := plain.Release(ctx, &allotv1.ReleaseRequest{ReservationId: a.ReservationId, UsedTokens: 100}); err != nil || rel.Settlement.State != "released" {
+		t.Fatalf("anonymous release: %v %v", rel, err)
+	}
 }
