@@ -13,7 +13,7 @@ import (
 // l by name). Ties in specificity go to the later one in the file. An
 // absolute override rate replaces the rate and scales the burst by the
 // ratio of the amounts; a multiplier multiplies both. Amounts are clamped
-// to [1, MaxAmount].
+// to [1, MaxAmount], and the rate's to MaxRate (see MaxAmountIn).
 //
 // Effective does not allocate and is safe for concurrent use. It panics if
 // d was neither loaded nor validated (see Domain.Validate).
@@ -28,7 +28,7 @@ func (d *Domain) Effective(l *Limit, desc Descriptor, now time.Time) Effective {
 	}
 	if i := x.assign.best(desc, nil); i >= 0 {
 		m := x.multiplier[i]
-		e.Rate.Amount, e.Burst = scale(e.Rate.Amount, m), scale(e.Burst, m)
+		e.Rate.Amount, e.Burst = scaleRate(e.Rate, m), scale(e.Burst, m)
 	}
 	i := x.overrides.best(desc, func(i int) bool {
 		o := &d.Overrides[i]
@@ -41,19 +41,26 @@ func (d *Domain) Effective(l *Limit, desc Descriptor, now time.Time) Effective {
 		e.Burst = scale(e.Burst, float64(o.Rate.Amount)/float64(e.Rate.Amount))
 		e.Rate = o.Rate
 	} else {
-		e.Rate.Amount, e.Burst = scale(e.Rate.Amount, o.Multiplier), scale(e.Burst, o.Multiplier)
+		e.Rate.Amount, e.Burst = scaleRate(e.Rate, o.Multiplier), scale(e.Burst, o.Multiplier)
 	}
 	return e
 }
 
 // scale returns round(v × f) clamped to [1, MaxAmount].
-func scale(v int64, f float64) int64 {
+func scale(v int64, f float64) int64 { return scaleTo(v, f, MaxAmount) }
+
+// scaleRate returns r's amount multiplied by f as scale does, clamped to
+// [1, MaxAmountIn(r.Period)] so that the result is at most MaxRate.
+func scaleRate(r Rate, f float64) int64 { return scaleTo(r.Amount, f, max(MaxAmountIn(r.Period), 1)) }
+
+// scaleTo returns round(v × f) clamped to [1, most].
+func scaleTo(v int64, f float64, most int64) int64 {
 	x := math.Round(float64(v) * f)
 	switch {
 	case !(x >= 1): // NaN too
 		return 1
-	case x > MaxAmount:
-		return MaxAmount
+	case x > float64(most):
+		return most
 	}
 	return int64(x)
 }

@@ -27,9 +27,9 @@ import (
 // for one key (throttling an abusive tenant is its job) and may go below.
 
 // rateOn is the rate plan p sets on limit l: l's rate with its amount
-// multiplied by p's multiplier, clamped to [1, MaxAmount].
+// multiplied by p's multiplier, clamped as Effective clamps it.
 func (p Plan) rateOn(l *Limit) Rate {
-	return Rate{Amount: scale(l.Rate.Amount, p.Multiplier), Period: l.Rate.Period}
+	return Rate{Amount: scaleRate(l.Rate, p.Multiplier), Period: l.Rate.Period}
 }
 
 // checkPlanFloors reports each floor of each plan that names no limit, is

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,49 @@ var ErrBadRate = errors.New("allot: bad rate")
 // MaxAmount bounds the amount of any rate, burst or cost, so that arithmetic
 // on amounts (amount × multiplier, amount × 1e9) cannot overflow.
 const MaxAmount = 1 << 50
+
+// Bounds of a rate. A rate's period is in [MinPeriod, MaxPeriod] and it
+// carries at most MaxAmount per second: at most MaxAmount over a period of
+// a second or more, and proportionally less over a shorter one (about
+// 1.1e12 ≈ 2^40 per millisecond, 1.1e6 per nanosecond). The engine holds
+// amounts, shares of them and tokens in float64 and time in int64
+// nanoseconds; under these bounds:
+//   - an amount, a burst, amount × share and a rate per second are at most
+//     2^50, integers that float64 holds exactly with two bits to spare below
+//     one token, so a charge of 1 is never lost to rounding, and a sum of
+//     up to 8 of them (regions' demand in a coordinator) stays exact;
+//   - refill and wait (amount × ns / period, missing × period / amount)
+//     multiply at most 2^50 by at most 2^55 ns (366 days): 2^105, far inside
+//     float64's range, so neither overflows or becomes infinite;
+//   - window ids (now − now mod period) and window ends (start + 2·period)
+//     are int64 nanoseconds that cannot overflow before 2260;
+//   - Rate.Validate itself multiplies amount × 1e9 in 128 bits.
+//
+// So 2^50/1ms (1.1e18 a second) is refused; 1125899906842/1ms is the most
+// a millisecond may carry.
+const (
+	MinPeriod = time.Millisecond
+	MaxPeriod = 366 * 24 * time.Hour
+)
+
+// MaxRate is the fastest valid rate: MaxAmount per second.
+var MaxRate = Rate{Amount: MaxAmount, Period: time.Second}
+
+// MaxAmountIn is the largest amount a valid rate may carry over period:
+// MaxAmount for a period of a second or more, MaxAmount × period / 1s
+// (rounded down) for a shorter one, and 0 for a period under MinPeriod or
+// over MaxPeriod.
+func MaxAmountIn(period time.Duration) int64 {
+	switch {
+	case period < MinPeriod || period > MaxPeriod:
+		return 0
+	case period >= time.Second:
+		return MaxAmount
+	}
+	hi, lo := bits.Mul64(MaxAmount, uint64(period)) // < 2^80: hi < 1e9
+	q, _ := bits.Div64(hi, lo, uint64(time.Second))
+	return int64(q)
+}
 
 // Rate is an amount per period: 1000/1m is Rate{Amount: 1000, Period: time.Minute}.
 // The zero Rate allows nothing and is reported invalid by Validate.
@@ -49,17 +93,21 @@ func ParseRate(s string) (Rate, error) {
 }
 
 // Validate reports whether r describes a possible rate: a positive amount
-// of at most MaxAmount over a period between 1ms and 366 days.
+// of at most MaxAmount over a period between 1ms and 366 days, and at most
+// MaxRate (MaxAmount per second; see MaxAmountIn).
 func (r Rate) Validate() error {
 	switch {
 	case r.Amount <= 0:
 		return errors.New("amount must be positive")
 	case r.Amount > MaxAmount:
 		return fmt.Errorf("amount must be at most %d", int64(MaxAmount))
-	case r.Period < time.Millisecond:
+	case r.Period < MinPeriod:
 		return errors.New("period must be at least 1ms")
-	case r.Period > 366*24*time.Hour:
+	case r.Period > MaxPeriod:
 		return errors.New("period must be at most 366d")
+	case r.Amount > MaxAmountIn(r.Period):
+		return fmt.Errorf("rate must be at most %d per second, want an amount of at most %d per %v",
+			int64(MaxAmount), MaxAmountIn(r.Period), r.Period)
 	}
 	return nil
 }
@@ -156,7 +204,7 @@ func parsePeriod(s string) (time.Duration, error) {
 	default:
 		return 0, fmt.Errorf("want a unit ms, s, m, h or d, got %q", s)
 	}
-	if count > int64(366*24*time.Hour/unit) {
+	if count > int64(MaxPeriod/unit) {
 		return 0, errors.New("must be at most 366d")
 	}
 	return time.Duration(count) * unit, nil

@@ -20,7 +20,8 @@ func TestParseRate(t *testing.T) {
 		{"10/1d", Rate{10, 24 * time.Hour}, "10/d"},
 		{" 3G / 90min ", Rate{3_000_000_000, 90 * time.Minute}, "3000000000/90m"},
 		{"1/366d", Rate{1, 366 * 24 * time.Hour}, "1/366d"},
-		{"1125899906842624/1ms", Rate{MaxAmount, time.Millisecond}, "1125899906842624/ms"},
+		{"1125899906842/1ms", Rate{MaxAmountIn(time.Millisecond), time.Millisecond}, "1125899906842/ms"}, // MaxRate at the shortest period
+		{"1125899906842624/1s", MaxRate, "1125899906842624/s"},
 	}
 	for _, tc := range good {
 		got, err := ParseRate(tc.in)
@@ -47,6 +48,7 @@ func TestParseRate(t *testing.T) {
 		{"99999999999999999999/s", `allot: bad rate "99999999999999999999/s": amount: want a positive integer with optional k, M or G suffix, got "99999999999999999999"`},
 		{"9223372036854775807G/s", `allot: bad rate "9223372036854775807G/s": amount: must be at most 1125899906842624`},
 		{"1125899906842625/s", `allot: bad rate "1125899906842625/s": amount: must be at most 1125899906842624`},
+		{"1125899906842624/1ms", `allot: bad rate "1125899906842624/1ms": rate must be at most 1125899906842624 per second, want an amount of at most 1125899906842 per 1ms`},
 		{"1/367d", `allot: bad rate "1/367d": period: must be at most 366d`},
 		{"1/9999999999999999999ms", `allot: bad rate "1/9999999999999999999ms": period: want a positive count, got "9999999999999999999"`},
 	}
