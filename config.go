@@ -30,6 +30,23 @@ const (
 	minSyncInterval = 10 * time.Millisecond
 	maxSyncInterval = time.Minute
 	minSyncPeriods  = 4 // a shared limit's period spans at least this many sync intervals
+	maxStaleAfter   = time.Hour
+)
+
+// Bounds of a configuration's size (docs/security.md, Bounds). Real files
+// stay far below them; they make a hostile file fail fast, before work
+// that grows with depth × size. A match counts the entries it inherits.
+const (
+	maxDepth        = 16     // levels of nested limits (or Envoy descriptors), the top one included
+	maxLimits       = 10_000 // limits of a domain, nested ones included
+	maxMatchEntries = 32     // entries of one match
+	maxKeyLen       = 256    // bytes of a match key
+	maxValueLen     = 1024   // bytes of a match value
+	maxConfigBytes  = 16 << 20
+	// maxFlowNesting bounds [ and { nesting, which YAML's decoder takes
+	// time to read that grows with depth × size; four per level of limits
+	// (a list, a limit, a match) leave room.
+	maxFlowNesting = 4 * maxDepth
 )
 
 // ConfigError is one problem of a configuration: the file, the line (0 if
@@ -171,6 +188,14 @@ func LoadConfigFile(path string) (*Config, error) {
 // failure it returns ConfigErrors holding every problem found.
 func ParseConfig(name string, data []byte) (*Config, error) {
 	p := &loader{file: name}
+	if len(data) > maxConfigBytes {
+		p.errorf(0, "", "%d bytes, want at most %d (16 MiB)", len(data), maxConfigBytes)
+		return nil, p.errs
+	}
+	if line, ok := flowNesting(data, maxFlowNesting); !ok {
+		p.errorf(line, "", "[ and { nested more than %d levels deep, want at most %d levels of limits or descriptors", maxFlowNesting, maxDepth)
+		return nil, p.errs
+	}
 	cfg := &Config{Source: name}
 	first := map[string]int{} // domain name → line
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -207,6 +232,43 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 		return nil, p.errs
 	}
 	return cfg, nil
+}
+
+// flowNesting reports whether YAML data nests flow collections ([ and {)
+// at most most deep, and if not the line where it goes deeper, so that
+// ParseConfig refuses a hostile file before decoding it. It skips comments
+// and quoted scalars; a bracket inside a plain scalar counts too, which
+// only a file with that many of them in a row could notice.
+func flowNesting(data []byte, most int) (line int, ok bool) {
+	depth, line := 0, 1
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		atToken := i == 0 || strings.IndexByte(" \t\n\r[{,:", data[i-1]) >= 0
+		switch {
+		case c == '\n':
+			line++
+		case c == '#' && atToken:
+			for i+1 < len(data) && data[i+1] != '\n' {
+				i++
+			}
+		case (c == '"' || c == '\'') && atToken:
+			for i++; i < len(data) && data[i] != c; i++ {
+				switch {
+				case data[i] == '\n':
+					line++
+				case c == '"' && data[i] == '\\':
+					i++
+				}
+			}
+		case c == '[' || c == '{':
+			if depth++; depth > most {
+				return line, false
+			}
+		case c == ']' || c == '}':
+			depth = max(depth-1, 0)
+		}
+	}
+	return 0, true
 }
 
 var (
@@ -308,7 +370,7 @@ func (p *loader) domain(doc *yaml.Node) *Domain {
 				d.Assignments = append(d.Assignments, p.assignment(v, field))
 			})
 		case "limits":
-			p.list(v, field, func(field string, v *yaml.Node) { p.limit(v, field, nil, d) })
+			p.list(v, field, func(field string, v *yaml.Node) { p.limit(v, field, nil, d, 1) })
 		case "overrides":
 			p.list(v, field, func(field string, v *yaml.Node) {
 				d.Overrides = append(d.Overrides, p.override(v, field))
@@ -381,8 +443,14 @@ func (p *loader) override(n *yaml.Node, path string) Override {
 }
 
 // limit reads the limit at path and its children and appends them to
-// d.Limits. parent is the parent limit's match, which prefixes this one's.
-func (p *loader) limit(n *yaml.Node, path string, parent Match, d *Domain) {
+// d.Limits. parent is the parent limit's match, which prefixes this one's;
+// depth is the limit's level, 1 at the top. It reads no limit beyond
+// maxLimits and no level beyond maxDepth.
+func (p *loader) limit(n *yaml.Node, path string, parent Match, d *Domain, depth int) {
+	if len(d.Limits) >= maxLimits {
+		p.report("limits", fmt.Sprintf("more than %d limits, want at most %d in a domain", maxLimits, maxLimits))
+		return
+	}
 	l := &Limit{Match: parent, SyncInterval: DefaultSyncInterval}
 	d.Limits = append(d.Limits, l)
 	p.paths = append(p.paths, path)
@@ -433,22 +501,34 @@ func (p *loader) limit(n *yaml.Node, path string, parent Match, d *Domain) {
 	if !p.has(path + ".stale_after") {
 		l.StaleAfter = 3 * l.SyncInterval
 	}
-	if children != nil {
-		p.list(children, path+".limits", func(field string, v *yaml.Node) { p.limit(v, field, l.Match, d) })
+	switch {
+	case children == nil || isNull(children) || children.Kind == yaml.SequenceNode && len(children.Content) == 0:
+	case depth >= maxDepth:
+		p.report(path+".limits", fmt.Sprintf("nested more than %d levels deep, want at most %d levels of limits", maxDepth, maxDepth))
+	default:
+		p.list(children, path+".limits", func(field string, v *yaml.Node) { p.limit(v, field, l.Match, d, depth+1) })
 	}
 }
 
 // match reads a match mapping, leaving out (and reporting) bad entries.
 func (p *loader) match(n *yaml.Node, path string, parent Match) Match {
 	var m Match
+	if n.Kind == yaml.MappingNode && len(parent)+len(n.Content)/2 > maxMatchEntries {
+		p.errorf(n.Line, path, "%d entries%s, want at most %d", len(parent)+len(n.Content)/2, inheritedNote(parent), maxMatchEntries)
+		return nil
+	}
 	p.fields(n, path, nil, func(key, field string, v *yaml.Node) {
 		val, ok := p.str(v, field)
 		switch _, inherited := Descriptor(parent).Get(key); {
 		case !ok:
 		case key == "":
 			p.errorf(v.Line, path, "empty key")
+		case len(key) > maxKeyLen:
+			p.errorf(v.Line, path, "key of %d bytes, want at most %d", len(key), maxKeyLen)
 		case val == "":
 			p.errorf(v.Line, field, `empty value, want a value, "*" or a prefix ending in "*"`)
+		case len(val) > maxValueLen:
+			p.errorf(v.Line, field, "value of %d bytes, want at most %d", len(val), maxValueLen)
 		case inherited:
 			p.errorf(v.Line, field, "repeats key %q of its parent limit", key)
 		default:
@@ -553,6 +633,8 @@ func (p *loader) bool(n *yaml.Node, field string) (v bool) {
 	return v
 }
 
+// duration reads a duration; time.ParseDuration refuses one that overflows
+// int64 nanoseconds, and Limit.check bounds each duration field.
 func (p *loader) duration(n *yaml.Node, field string) time.Duration {
 	if s, ok := p.str(n, field); ok {
 		d, err := time.ParseDuration(s)
@@ -647,6 +729,9 @@ func (d *Domain) check(paths []string, report func(field, msg string)) {
 			report(field+".plan", fmt.Sprintf("unknown plan %q, want one of %s", a.Plan, strings.Join(plans, ", ")))
 		}
 	}
+	if len(d.Limits) > maxLimits {
+		report("limits", fmt.Sprintf("%d limits, want at most %d in a domain", len(d.Limits), maxLimits))
+	}
 	names := map[string]string{} // limit name → path
 	for i, l := range d.Limits {
 		path := "limits[" + strconv.Itoa(i) + "]"
@@ -699,6 +784,8 @@ func (l *Limit) check(path string, regions []string, report func(field, msg stri
 		report(path+".sync_interval", fmt.Sprintf("want a duration in [%v, %v], got %v", minSyncInterval, maxSyncInterval, l.SyncInterval))
 	} else if l.StaleAfter < l.SyncInterval {
 		report(path+".stale_after", fmt.Sprintf("want at least sync_interval (%v), got %v", l.SyncInterval, l.StaleAfter))
+	} else if l.StaleAfter > maxStaleAfter {
+		report(path+".stale_after", fmt.Sprintf("want a duration in [sync_interval, %v], got %v", maxStaleAfter, l.StaleAfter))
 	}
 
 	if l.Unlimited {
@@ -751,16 +838,32 @@ func (l *Limit) check(path string, regions []string, report func(field, msg stri
 }
 
 func checkMatch(m Match, path string, report func(field, msg string)) {
+	if len(m) > maxMatchEntries {
+		report(path, fmt.Sprintf("%d entries, want at most %d", len(m), maxMatchEntries))
+		return
+	}
 	for i, e := range m {
 		switch {
 		case e.Key == "":
 			report(path, "empty key")
+		case len(e.Key) > maxKeyLen:
+			report(path, fmt.Sprintf("key of %d bytes, want at most %d", len(e.Key), maxKeyLen))
 		case e.Value == "":
 			report(path+"."+e.Key, `empty value, want a value, "*" or a prefix ending in "*"`)
+		case len(e.Value) > maxValueLen:
+			report(path+"."+e.Key, fmt.Sprintf("value of %d bytes, want at most %d", len(e.Value), maxValueLen))
 		case slices.ContainsFunc(m[:i], func(prev Entry) bool { return prev.Key == e.Key }):
 			report(path+"."+e.Key, "duplicate key")
 		}
 	}
+}
+
+// inheritedNote says how many of a match's entries come from its parents.
+func inheritedNote(parent Match) string {
+	if len(parent) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d inherited)", len(parent))
 }
 
 func checkEnum(v uint8, names []string, field string, report func(field, msg string)) {

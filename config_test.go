@@ -341,6 +341,9 @@ func FuzzParseConfig(f *testing.F) {
 	for _, tc := range badConfigs {
 		f.Add(tc.yaml)
 	}
+	for _, src := range boundsSeeds() {
+		f.Add(src)
+	}
 	f.Fuzz(func(t *testing.T, data string) {
 		cfg, err := ParseConfig("fuzz.yaml", []byte(data))
 		if err != nil {
@@ -356,6 +359,10 @@ func FuzzParseConfig(f *testing.F) {
 					t.Fatalf("duplicate limit name %q", l.Name)
 				}
 				names[l.Name] = true
+				checkBounds(t, l.Match)
+				if l.SyncInterval < minSyncInterval || l.SyncInterval > maxSyncInterval || l.StaleAfter < l.SyncInterval || l.StaleAfter > maxStaleAfter {
+					t.Fatalf("limit %+v: sync_interval %v, stale_after %v", l, l.SyncInterval, l.StaleAfter)
+				}
 				if l.Unlimited {
 					continue // no budget: an Envoy allow-list entry
 				}

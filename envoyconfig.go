@@ -129,7 +129,7 @@ func (p *loader) envoyDomain(doc *yaml.Node) *Domain {
 		case "domain":
 			d.Name, _ = p.str(v, field)
 		case "descriptors":
-			f.descriptors(v, field, nil, "")
+			f.descriptors(v, field, nil, "", 1)
 		}
 	})
 	taken := map[string]bool{}
@@ -162,10 +162,16 @@ func (p *loader) envoyDomain(doc *yaml.Node) *Domain {
 	return d
 }
 
-// descriptors reads a descriptor list whose entries extend parent's.
-func (f *envoyFile) descriptors(n *yaml.Node, path string, parent Match, stat string) {
+// descriptors reads a descriptor list whose entries extend parent's, at
+// level depth (1 at the top). It reads no descriptor beyond maxLimits and
+// no level beyond maxDepth.
+func (f *envoyFile) descriptors(n *yaml.Node, path string, parent Match, stat string, depth int) {
 	seen := map[Entry]int{} // entry → line of the first descriptor with it
 	f.list(n, path, func(field string, v *yaml.Node) {
+		if len(f.limits) >= maxLimits {
+			f.report("descriptors", fmt.Sprintf("more than %d descriptors, want at most %d in a domain", maxLimits, maxLimits))
+			return
+		}
 		var (
 			key, value    string
 			rl, children  *yaml.Node
@@ -211,8 +217,12 @@ func (f *envoyFile) descriptors(n *yaml.Node, path string, parent Match, stat st
 			} else {
 				f.add(envoyLimit{Limit: &Limit{Match: m, Unlimited: true}, path: field, stat: s, bare: true})
 			}
-			if children != nil {
-				f.descriptors(children, field+".descriptors", m, s)
+			switch {
+			case children == nil || isNull(children) || children.Kind == yaml.SequenceNode && len(children.Content) == 0:
+			case depth >= maxDepth:
+				f.report(field+".descriptors", fmt.Sprintf("nested more than %d levels deep, want at most %d levels of descriptors", maxDepth, maxDepth))
+			default:
+				f.descriptors(children, field+".descriptors", m, s, depth+1)
 			}
 		}
 	})

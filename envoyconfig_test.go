@@ -393,6 +393,9 @@ func FuzzParseEnvoyConfig(f *testing.F) {
 	for _, tc := range envoyBad {
 		f.Add(tc.yaml)
 	}
+	for _, src := range boundsSeeds() {
+		f.Add(src)
+	}
 	f.Fuzz(func(t *testing.T, data string) {
 		cfg, err := ParseConfig("fuzz.yaml", []byte(data))
 		if err != nil {
@@ -412,6 +415,7 @@ func FuzzParseEnvoyConfig(f *testing.F) {
 					t.Fatalf("duplicate name %q", l.Name)
 				}
 				names[l.Name] = true
+				checkBounds(t, l.Match)
 			}
 			if err := d.Validate(); err != nil {
 				t.Fatalf("Validate of a loaded domain %+v: %v", d, err)
