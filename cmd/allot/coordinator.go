@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/internal/httpx"
 )
 
 // coordinatorFlags are the flags of `allot coordinator`.
@@ -124,7 +125,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := httpx.Server(mux, httpTimeouts)
 	go gs.Serve(gl)
 	go sec.serveHTTP(hs, hl)
 	fmt.Fprintf(stdout, "allot: coordinator serving gRPC %s (advertised %s; allot.v1.Coordinator and allot.v1.Admin for allotctl), HTTP %s://%s, etcd %s; %s\n",

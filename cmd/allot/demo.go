@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
 	"github.com/allot-dev/allot/internal/demo"
+	"github.com/allot-dev/allot/internal/httpx"
 	"github.com/allot-dev/allot/internal/tlsx"
 )
 
@@ -92,7 +92,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	story := demo.DefaultStory(names).Scaled(*speed)
 	series := demo.NewSeries(names, story, *interval, 0)
-	hs := &http.Server{Handler: demo.Dashboard(series), ReadHeaderTimeout: 5 * time.Second}
+	hs := httpx.Server(demo.Dashboard(series), httpTimeouts)
 	go c.sec.serveHTTP(hs, dl)
 	defer hs.Close()
 	url := c.sec.scheme() + "://" + dl.Addr().String() + "/"

@@ -29,6 +29,7 @@ import (
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator/etcdstore"
 	"github.com/allot-dev/allot/deploy/examples"
+	"github.com/allot-dev/allot/internal/httpx"
 	"github.com/allot-dev/allot/internal/tlsx"
 	"github.com/allot-dev/allot/regional"
 	"github.com/allot-dev/allot/regional/configwatch"
@@ -85,6 +86,10 @@ func (f *regionFlags) policy() (*tlsx.Policy, error) {
 	}
 	return &tlsx.Policy{Anonymous: anon, Grants: f.grants}, nil
 }
+
+// httpTimeouts are the timeouts of every HTTP server the commands start
+// (regional, coordinator, dev, demo); tests shorten them.
+var httpTimeouts = httpx.Default
 
 func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
 	fs.StringVar(&f.config, "config", "", "limits file (allot or Envoy ratelimit format); default: the built-in "+examples.LimitsName)
@@ -362,7 +367,7 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		n.stopLink()
 		return nil, err
 	}
-	n.hs = &http.Server{Handler: svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Ready: ready, Status: svc.StatusHandler(aopts)}), ReadHeaderTimeout: 5 * time.Second}
+	n.hs = httpx.Server(svc.HTTPHandler(server.HTTPOptions{Gatherer: reg, Ready: ready, Status: svc.StatusHandler(aopts)}), httpTimeouts)
 	go func() { n.errc <- n.gs.Serve(gl) }()
 	go func() { n.errc <- spec.sec.serveHTTP(n.hs, hl) }()
 	if follower != nil {

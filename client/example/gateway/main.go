@@ -36,6 +36,7 @@ import (
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/client"
+	"github.com/allot-dev/allot/internal/httpx"
 )
 
 func main() {
@@ -102,7 +103,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpx.Server(mux, httpx.Proxy) // no write timeout: an upstream's response may stream
 	fmt.Fprintf(stdout, "gateway: listening on http://%s (domain %q, enforcers %s)\n", lis.Addr(), *domain, strings.Join(addrs, ","))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
