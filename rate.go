@@ -25,15 +25,20 @@ const MaxAmount = 1 << 50
 // amounts, shares of them and tokens in float64 and time in int64
 // nanoseconds; under these bounds:
 //   - an amount, a burst, amount × share and a rate per second are at most
-//     2^50, integers that float64 holds exactly with two bits to spare below
-//     one token, so a charge of 1 is never lost to rounding, and a sum of
-//     up to 8 of them (regions' demand in a coordinator) stays exact;
+//     2^50, where float64 holds integers exactly and keeps two bits below
+//     one token (a quarter), so a charge of 1 is never lost to rounding,
+//     and a sum of up to 8 of them (regions' demand in a coordinator) of
+//     whole amounts stays exact;
 //   - refill and wait (amount × ns / period, missing × period / amount)
 //     multiply at most 2^50 by at most 2^55 ns (366 days): 2^105, far inside
 //     float64's range, so neither overflows or becomes infinite;
 //   - window ids (now − now mod period) and window ends (start + 2·period)
 //     are int64 nanoseconds that cannot overflow before 2260;
-//   - Rate.Validate itself multiplies amount × 1e9 in 128 bits.
+//   - MaxAmountIn multiplies MaxAmount × period in 128 bits.
+//
+// Not exact: GCRA keeps an instant in int64 nanoseconds, so it counts
+// tokens to within what one nanosecond refills, a whole token or less only
+// up to 1e9 a second.
 //
 // So 2^50/1ms (1.1e18 a second) is refused; 1125899906842/1ms is the most
 // a millisecond may carry.
