@@ -198,6 +198,7 @@ type fleetInstance struct {
 	expires  time.Time // Expires of the latest grant sent
 	full     bool      // a full grant was sent since it attached
 	lastAt   time.Time // At of its previous report
+	lastRecv time.Time // when the coordinator took it
 	fresh    bool      // reported since the region's latest forwarded report
 	rates    streamReport
 	w        []cell // by weighted limit
@@ -601,7 +602,7 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 		}
 		in.heard = now
 		dt := reportInterval(in.lastAt, m.At)
-		in.rates, in.lastAt, in.fresh = rates(in, m), m.At, true
+		in.rates, in.lastAt, in.lastRecv, in.fresh = rates(in, m), m.At, now, true
 		if !in.legacy {
 			f.noteHot(now, fr, in, m, dt)
 		}
@@ -849,6 +850,9 @@ func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assig
 	}
 	f.stats.Grants++
 	a.Instance, a.Grant = in.id, g
+	if !in.lastAt.IsZero() {
+		a.Clock = &ClockEcho{ReportAt: in.lastAt, Received: in.lastRecv, Sent: now}
+	}
 	return a
 }
 

@@ -112,6 +112,18 @@ type Assignment struct {
 	// instance of the region only, with its part of the region's allowance.
 	Instance string
 	Grant    *Grant
+	// Clock is set by a Fleet once the instance has reported: it lets the
+	// instance measure its clock's offset from the coordinator's
+	// (ClockSync).
+	Clock *ClockEcho
+}
+
+// ClockEcho echoes an instance's latest report: ReportAt is the report's
+// At (the instance's clock), Received when the coordinator took it and
+// Sent when it made the assignment that carries the echo (the
+// coordinator's clock).
+type ClockEcho struct {
+	ReportAt, Received, Sent time.Time
 }
 
 // Grant is what one instance of a region may use, and until when. Seq

@@ -121,7 +121,7 @@ func (w *world) gatewayRound(r *region, g *gateway) {
 // limit has left (regional.GatewayGrant), charged like a check of that
 // many hits, with a retry_after when less than asked was granted.
 func (w *world) gatewayGrant(r *region, k *gwKey, want int64) regional.GatewayAnswer {
-	now := w.clock(r)
+	now := w.clockOf(r, r.inst[0])
 	a := regional.GatewayAnswer{Mode: regional.GatewayLeased, GrantedAt: now.UnixNano(), TTL: gatewayTTL}
 	in := r.inst[0]
 	if _, err := w.check(r, in, k.desc, 0); err != nil {
@@ -146,7 +146,7 @@ func (w *world) gatewayGrant(r *region, k *gwKey, want int64) regional.GatewayAn
 // within the window the grant was charged in for a sliding window, as
 // regional/server does.
 func (w *world) gatewayReturn(r *region, k *gwKey, gr regional.LeaseGrant) {
-	now := w.clock(r)
+	now := w.clockOf(r, r.inst[0])
 	p := int64(w.lim.Rate.Period)
 	if w.lim.Algorithm != allot.SlidingWindow || now.UnixNano()/p == gr.GrantedAt/p {
 		if err := r.inst[0].e.Refund(now, w.dom.Name, k.desc, gr.Tokens); err != nil {

@@ -34,18 +34,18 @@ func (w *world) call(s *stream, in *instance, id int, a arrival) {
 	case ChargeAfter:
 		if ok, err = w.check(r, in, desc, 0); ok {
 			end = func() {
-				if err := in.e.Charge(w.clock(r), w.dom.Name, desc, cost); err != nil {
+				if err := in.e.Charge(w.clockOf(r, in), w.dom.Name, desc, cost); err != nil {
 					panic(fmt.Sprintf("%s: charge %v: %v", r.name, desc, err))
 				}
 			}
 		}
 	default:
 		var res regional.Reservation
-		res, err = in.rs.Reserve(w.ctx, w.clock(r), regional.ReserveRequest{Domain: w.dom.Name,
+		res, err = in.rs.Reserve(w.ctx, w.clockOf(r, in), regional.ReserveRequest{Domain: w.dom.Name,
 			Descriptors: []allot.Descriptor{desc}, PromptTokens: a.prompt, MaxTokens: c.MaxTokens, Model: c.Model})
 		if ok = err == nil && res.Allowed; ok {
 			end = func() {
-				if _, err := in.rs.Settle(w.ctx, w.clock(r), res.ID, a.prompt, a.output); err != nil {
+				if _, err := in.rs.Settle(w.ctx, w.clockOf(r, in), res.ID, a.prompt, a.output); err != nil {
 					panic(fmt.Sprintf("%s: settle %s: %v", r.name, res.ID, err))
 				}
 			}

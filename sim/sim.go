@@ -168,6 +168,17 @@ type tally struct {
 // clock is region r's clock.
 func (w *world) clock(r *region) time.Time { return w.now.Add(r.skew) }
 
+// clockOf is what instance in of r runs its engine on: its region's
+// clock converted to the coordinator's time by its node, as allot
+// regional does (node.Node.Now); the naive and ideal instances have no
+// node and run on their region's clock.
+func (w *world) clockOf(r *region, in *instance) time.Time {
+	if in.n != nil {
+		return in.n.Now(w.clock(r))
+	}
+	return w.clock(r)
+}
+
 func (w *world) at(t time.Time, fn func()) {
 	w.seq++
 	heap.Push(&w.q, event{at: t, seq: w.seq, fn: fn})
@@ -718,10 +729,10 @@ func (w *world) enforcerTick() {
 	for _, r := range w.region {
 		for _, in := range r.inst {
 			if in.f != nil {
-				in.f.Tick(w.ctx, w.clock(r))
+				in.f.Tick(w.ctx, w.clockOf(r, in))
 			}
 			if in.rs != nil {
-				in.rs.Tick(w.ctx, w.clock(r))
+				in.rs.Tick(w.ctx, w.clockOf(r, in))
 			}
 		}
 	}
@@ -742,7 +753,7 @@ func (w *world) sample() {
 // heartbeat when none went out for a heartbeat interval; resync requests
 // for the deltas lost on the streams it receives; and its loan asks.
 func (w *world) syncTick(r *region, in *instance) {
-	now := w.clock(r)
+	now := w.clockOf(r, in)
 	batches, err := in.n.SyncOut(w.ctx, now)
 	if err != nil {
 		panic(err) // the world's CountStore does not fail
@@ -759,7 +770,7 @@ func (w *world) syncTick(r *region, in *instance) {
 		to := p.peerOf(in)
 		if beat {
 			w.send(w.sc.PeerLink, r.name, p.name, func() {
-				to.e.Heard(w.clock(p), r.name)
+				to.e.Heard(w.clockOf(p, to), r.name)
 				for _, b := range batches {
 					w.inbound(p, to, r, in, b)
 				}
@@ -770,12 +781,12 @@ func (w *world) syncTick(r *region, in *instance) {
 			if r.peerOf(from) != in {
 				continue
 			}
-			for _, b := range in.e.PendingResyncs(w.clock(r), streamID(from, in)) {
+			for _, b := range in.e.PendingResyncs(w.clockOf(r, in), streamID(from, in)) {
 				w.resync(r, in, p, from, b)
 			}
 		}
 	}
-	for _, a := range in.e.LoanAsks(w.clock(r)) {
+	for _, a := range in.e.LoanAsks(w.clockOf(r, in)) {
 		w.borrow(r, in, a)
 	}
 }
@@ -784,12 +795,12 @@ func (w *world) syncTick(r *region, in *instance) {
 // stream from instance in of r, at most every hb: in hears p.
 func (w *world) reply(p *region, to *instance, r *region, in *instance, hb time.Duration) {
 	id := streamID(in, to)
-	if now := w.clock(p); now.Sub(to.replied[id]) >= hb {
+	if now := w.clockOf(p, to); now.Sub(to.replied[id]) >= hb {
 		if to.replied == nil {
 			to.replied = map[string]time.Time{}
 		}
 		to.replied[id] = now
-		w.send(w.sc.PeerLink, p.name, r.name, func() { in.e.Heard(w.clock(r), p.name) })
+		w.send(w.sc.PeerLink, p.name, r.name, func() { in.e.Heard(w.clockOf(r, in), p.name) })
 	}
 }
 
@@ -813,20 +824,20 @@ func (w *world) borrow(r *region, in *instance, a regional.LoanAsk) {
 	peer := w.byName(a.Peer)
 	lender, done := peer.peerOf(in), false
 	w.send(w.sc.PeerLink, r.name, peer.name, func() {
-		g, err := lender.e.Lend(w.clock(peer), regional.LoanRequest{From: r.name, Domain: a.Domain, Limit: a.Limit,
+		g, err := lender.e.Lend(w.clockOf(peer, lender), regional.LoanRequest{From: r.name, Domain: a.Domain, Limit: a.Limit,
 			Key: a.Key, Window: a.Window, Amount: a.Amount, ID: a.ID})
 		w.send(w.sc.PeerLink, peer.name, r.name, func() {
 			if !done {
 				done = true
 				w.m.loaned += float64(g.Granted)
-				in.e.Credit(w.clock(r), a, g, err)
+				in.e.Credit(w.clockOf(r, in), a, g, err)
 			}
 		})
 	})
 	w.after(w.sc.LendTimeout, func() {
 		if !done {
 			done = true
-			in.e.Credit(w.clock(r), a, regional.LoanGrant{}, errLendTimeout)
+			in.e.Credit(w.clockOf(r, in), a, regional.LoanGrant{}, errLendTimeout)
 		}
 	})
 }
@@ -839,8 +850,8 @@ func (w *world) peers() bool { return w.lim.Mode == allot.Shared || w.sc.Peers }
 // inbound delivers batch b from instance fromIn of region from to
 // instance toIn of region to.
 func (w *world) inbound(to *region, toIn *instance, from *region, fromIn *instance, b regional.Batch) {
-	toIn.e.Heard(w.clock(to), from.name)
-	resync, err := toIn.n.Inbound(w.clock(to), regional.Source{Region: from.name, Stream: streamID(fromIn, toIn)}, b)
+	toIn.e.Heard(w.clockOf(to, toIn), from.name)
+	resync, err := toIn.n.Inbound(w.clockOf(to, toIn), regional.Source{Region: from.name, Stream: streamID(fromIn, toIn)}, b)
 	if err != nil {
 		panic(fmt.Sprintf("%s: inbound from %s: %v", toIn.id, fromIn.id, err))
 	}

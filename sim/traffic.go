@@ -308,9 +308,9 @@ func (w *world) check(r *region, in *instance, desc allot.Descriptor, hits int64
 	var err error
 	if in.f != nil {
 		w.items[0] = regional.Item{Descriptor: desc, Hits: hits}
-		err = in.f.CheckItems(w.ctx, w.clock(r), w.dom.Name, w.items[:], &w.dec)
+		err = in.f.CheckItems(w.ctx, w.clockOf(r, in), w.dom.Name, w.items[:], &w.dec)
 	} else {
-		err = in.e.Check(w.clock(r), w.dom.Name, desc, hits, &w.dec)
+		err = in.e.Check(w.clockOf(r, in), w.dom.Name, desc, hits, &w.dec)
 	}
 	return err == nil && w.dec.Allowed, err
 }

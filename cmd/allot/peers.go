@@ -58,7 +58,7 @@ func startPeers(spec regionSpec, inode *node.Node, n *regionNode, reg prometheus
 	if len(spec.peers) == 0 {
 		return nil
 	}
-	opts := peersync.Options{Node: inode, Peers: spec.peers, Registry: reg, Logger: log, Credentials: spec.sec.creds()}
+	opts := peersync.Options{Node: inode, Peers: spec.peers, Registry: reg, Logger: log, Credentials: spec.sec.creds(), Now: inode.Clock()}
 	s, err := peersync.New(opts)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -263,7 +264,16 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	engine := regional.New(spec.cfg, regional.Options{MaxKeys: spec.maxKeys})
-	enforcer, stopRS, err := startRegionalStore(ctx, spec, engine, reg, log, spec.log)
+	// The engine runs on the coordinator's time, as the instance's node
+	// measures it (node.Node.Now): every call into it reads clock.
+	var nodeOf atomic.Pointer[node.Node]
+	clock := func() time.Time {
+		if n := nodeOf.Load(); n != nil {
+			return n.Now(time.Now())
+		}
+		return time.Now()
+	}
+	enforcer, stopRS, err := startRegionalStore(ctx, spec, engine, clock, reg, log, spec.log)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +299,8 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL, Authorization: spec.authz})
+	nodeOf.Store(inode)
+	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL, Authorization: spec.authz, Now: clock})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
 	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)
@@ -417,7 +428,7 @@ func (n *regionNode) stop() error {
 // the Enforcer that uses it, and a function that gives back its leases
 // and disconnects. It keeps the Enforcer's membership and leases up to
 // date until then.
-func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.Engine, reg prometheus.Registerer, log, plain *slog.Logger) (*regional.Enforcer, func(), error) {
+func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.Engine, clock func() time.Time, reg prometheus.Registerer, log, plain *slog.Logger) (*regional.Enforcer, func(), error) {
 	if len(spec.redis) == 0 {
 		for _, d := range spec.cfg.Domains {
 			for _, l := range d.Limits {
@@ -450,7 +461,7 @@ func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.E
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			f.Tick(tctx, time.Now())
+			f.Tick(tctx, clock())
 			select {
 			case <-t.C:
 			case <-tctx.Done():
@@ -463,7 +474,7 @@ func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.E
 		<-done
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err := f.Close(cctx, time.Now()); err != nil {
+		if err := f.Close(cctx, clock()); err != nil {
 			log.Warn("regional store: leases not given back at shutdown", "err", err)
 		}
 		store.Close()

@@ -81,6 +81,9 @@ func AssignmentWith(a coordinator.Assignment, shares []*allotv1.Share) *allotv1.
 	if g := a.Grant; g != nil {
 		pa.Grant = &allotv1.Grant{Seq: g.Seq, Expires: timestamppb.New(g.Expires), Full: g.Full, Fresh: g.Fresh, Weights: weightsOut(g.Weights)}
 	}
+	if c := a.Clock; c != nil {
+		pa.Clock = &allotv1.ClockEcho{ReportAt: timestamppb.New(c.ReportAt), Received: timestamppb.New(c.Received), Sent: timestamppb.New(c.Sent)}
+	}
 	return &allotv1.CoordinatorMessage{Msg: &allotv1.CoordinatorMessage_Assignment{Assignment: pa}}
 }
 
@@ -89,6 +92,9 @@ func FromAssignment(pa *allotv1.ShareAssignment) coordinator.Assignment {
 	a := coordinator.Assignment{Domain: pa.GetDomain(), Region: pa.GetRegion(), Term: pa.GetTerm(), Version: pa.GetVersion(), Instance: pa.GetInstance()}
 	if g := pa.GetGrant(); g != nil {
 		a.Grant = &coordinator.Grant{Seq: g.GetSeq(), Expires: g.GetExpires().AsTime(), Full: g.GetFull(), Fresh: g.GetFresh(), Weights: FromWeights(g.GetWeights())}
+	}
+	if c := pa.GetClock(); c != nil && c.GetReportAt() != nil && c.GetReceived() != nil && c.GetSent() != nil {
+		a.Clock = &coordinator.ClockEcho{ReportAt: c.GetReportAt().AsTime(), Received: c.GetReceived().AsTime(), Sent: c.GetSent().AsTime()}
 	}
 	for _, s := range pa.GetShares() {
 		sh := coordinator.Share{Limit: s.GetLimit(), Key: s.GetKey(), Value: s.GetValue()}

@@ -27,3 +27,16 @@ func TestWeightsRoundTrip(t *testing.T) {
 		t.Fatalf("hello weights %+v, want %+v", back, ws)
 	}
 }
+
+// An assignment's clock echo survives the wire; one without stays without.
+func TestClockEchoRoundTrip(t *testing.T) {
+	e := &coordinator.ClockEcho{ReportAt: time.Unix(100, 5).UTC(), Received: time.Unix(101, 7).UTC(), Sent: time.Unix(101, 9).UTC()}
+	a := coordinator.Assignment{Domain: "api", Region: "us", Term: 3, Version: 9, Instance: "i1", Clock: e}
+	if got := FromAssignment(Assignment(a).GetAssignment()).Clock; got == nil || *got != *e {
+		t.Fatalf("clock %+v, want %+v", got, e)
+	}
+	a.Clock = nil
+	if got := FromAssignment(Assignment(a).GetAssignment()).Clock; got != nil {
+		t.Fatalf("clock %+v, want none", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot"
@@ -37,6 +38,10 @@ type Node struct {
 	mu    sync.Mutex
 	links map[string]*coordinator.Instance // by domain; set by Link
 	at    time.Time                        // At of the latest report
+	clock coordinator.ClockSync            // the offset from the coordinators' clock
+
+	// offset and skew are the clock's estimate (ns), read on every request.
+	offset, skew atomic.Int64
 
 	rmu      sync.Mutex
 	received []regional.Batch // peers' batches since the last merge (with Counts)
@@ -51,7 +56,9 @@ func New(o Options) (*Node, error) {
 	if o.Engine == nil || o.Region == "" || o.Instance == "" {
 		return nil, errors.New("node: Engine, Region and Instance are required")
 	}
-	return &Node{region: o.Region, id: o.Instance, e: o.Engine, counts: o.Counts}, nil
+	n := &Node{region: o.Region, id: o.Instance, e: o.Engine, counts: o.Counts}
+	n.skew.Store(-1)
+	return n, nil
 }
 
 // Engine returns the instance's engine.
@@ -59,6 +66,24 @@ func (n *Node) Engine() *regional.Engine { return n.e }
 
 // Region returns the instance's region.
 func (n *Node) Region() string { return n.region }
+
+// Now converts a reading of the instance's clock into the coordinator's
+// time, which the engine runs on: its windows are cut on it, so that
+// every instance of every region cuts them at the same instants (within
+// Skew). Until an assignment echoes a report, it returns local as it is.
+// Every engine call of the instance takes it: the peer sync, the servers,
+// SyncOut and Inbound. Link, Assign, Expire, Leave, Reconfigure and
+// Reports take the instance's own clock and convert it themselves.
+func (n *Node) Now(local time.Time) time.Time {
+	return local.Add(time.Duration(n.offset.Load()))
+}
+
+// Clock returns the instance's clock converted by Now.
+func (n *Node) Clock() func() time.Time { return func() time.Time { return n.Now(time.Now()) } }
+
+// Skew is the most that Now may be off the coordinator's time, from the
+// latest estimate (ClockSync); -1 before any.
+func (n *Node) Skew() time.Duration { return time.Duration(n.skew.Load()) }
 
 // Instance returns the instance's id.
 func (n *Node) Instance() string { return n.id }
@@ -68,9 +93,10 @@ func (n *Node) Instance() string { return n.id }
 // first full grant, and so is every limit a later configuration adds (a
 // domain that does not list the region is enforced whole). Call it once,
 // before the instance serves traffic.
-func (n *Node) Link(now time.Time) error {
+func (n *Node) Link(local time.Time) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := n.Now(local)
 	if n.links != nil {
 		return errors.New("node: Link called twice")
 	}
@@ -145,9 +171,15 @@ func (n *Node) Applied(domain string) (term int64, version uint64) {
 // changes nothing and returns a zero ack; an error with a non-zero ack
 // says the engine refused some of its shares (named in the error) and
 // applied the rest: the ack is still to be sent.
-func (n *Node) Assign(now time.Time, a coordinator.Assignment) ([]coordinator.Share, coordinator.Ack, error) {
+func (n *Node) Assign(local time.Time, a coordinator.Assignment) ([]coordinator.Share, coordinator.Ack, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if a.Clock != nil && a.Instance == n.id && n.clock.Sample(local, *a.Clock) {
+		off, skew, _ := n.clock.Offset(local)
+		n.offset.Store(int64(off))
+		n.skew.Store(int64(skew))
+	}
+	now := n.Now(local)
 	x, err := n.link(a.Domain)
 	if err != nil {
 		return nil, coordinator.Ack{}, err
@@ -175,9 +207,10 @@ func (n *Node) Expires(domain string) time.Time {
 // Expire drops every share of every domain whose grant has expired at now
 // without a renewal to nothing, until the coordinator grants again; it
 // returns the domains it dropped and the shares applied.
-func (n *Node) Expire(now time.Time) ([]string, []coordinator.Share) {
+func (n *Node) Expire(local time.Time) ([]string, []coordinator.Share) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := n.Now(local)
 	var doms []string
 	var all []coordinator.Share
 	for _, d := range slices.Sorted(maps.Keys(n.links)) {
@@ -196,9 +229,10 @@ func (n *Node) Expire(now time.Time) ([]string, []coordinator.Share) {
 // stop, once no request is served any more) and returns, by domain, the
 // ack that tells the coordinator so: what the instance held is then
 // reclaimable at once instead of after its grants expire.
-func (n *Node) Leave(now time.Time) map[string]coordinator.Ack {
+func (n *Node) Leave(local time.Time) map[string]coordinator.Ack {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := n.Now(local)
 	acks := map[string]coordinator.Ack{}
 	for d, x := range n.links {
 		shares, ack := x.Leave()
@@ -211,9 +245,10 @@ func (n *Node) Leave(now time.Time) map[string]coordinator.Ack {
 // Reconfigure follows the engine's new configuration (call it after the
 // engine's SetConfig): limits it adds are held at nothing until assigned.
 // A domain added to the configuration is coordinated from the next start.
-func (n *Node) Reconfigure(now time.Time) error {
+func (n *Node) Reconfigure(local time.Time) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := n.Now(local)
 	var errs []error
 	for _, d := range n.e.Config().Domains {
 		x := n.links[d.Name]

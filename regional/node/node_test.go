@@ -196,3 +196,59 @@ limits:
 		t.Fatalf("PeerIntervals = %v, %v; want 10ms, 25ms", tick, hb)
 	}
 }
+
+// An instance whose clock reads 300ms behind the coordinator's runs its
+// engine on the coordinator's time once an assignment echoes one of its
+// reports: its windows start when the coordinator's do, within Skew.
+func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
+	const behind = 300 * time.Millisecond
+	cfg := parse(t, cfgText)
+	f, err := coordinator.NewFleet(t0, coordinator.FleetConfig{Coordinator: coordinator.Config{Domain: cfg.Domain("api"), Term: 1, Period: time.Second}}, coordinator.Snapshot{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, cfg, "us-1", nil)
+	coord := t0
+	local := func() time.Time { return coord.Add(-behind) }
+	if err := n.Link(local()); err != nil {
+		t.Fatal(err)
+	}
+	if n.Skew() != -1 || !n.Now(local()).Equal(local()) {
+		t.Fatalf("before any echo: skew %v, Now off by %v", n.Skew(), n.Now(local()).Sub(local()))
+	}
+	hello, ws, err := n.Connect("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := f.Attach(coord, "us", "us-1", false, hello, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const oneWay = 20 * time.Millisecond
+	deliver := func(rd coordinator.Ready) {
+		t.Helper()
+		coord = coord.Add(oneWay)
+		for _, a := range rd.Send {
+			if _, _, err := n.Assign(local(), a); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	deliver(rd)
+	for range 3 { // a report, its echo in the next grant
+		reps := n.Reports(local())
+		coord = coord.Add(oneWay)
+		if _, err := f.Step(coord, reps[0]); err != nil {
+			t.Fatal(err)
+		}
+		coord = coord.Add(time.Second)
+		deliver(f.Tick(coord))
+	}
+	skew := n.Skew()
+	if skew < 0 || skew > oneWay+time.Millisecond {
+		t.Fatalf("skew %v, want at most the one-way delay %v", skew, oneWay)
+	}
+	if d := n.Now(local()).Sub(coord); d > skew || -d > skew {
+		t.Fatalf("Now is %v off the coordinator's clock, beyond its skew %v", d, skew)
+	}
+}

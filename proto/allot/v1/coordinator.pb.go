@@ -566,8 +566,13 @@ type ShareAssignment struct {
 	Shares  []*Share               `protobuf:"bytes,5,rep,name=shares,proto3" json:"shares,omitempty"`
 	// instance and grant are set by a coordinator that knows instances:
 	// what this instance of the region may use, and until when.
-	Instance      string `protobuf:"bytes,6,opt,name=instance,proto3" json:"instance,omitempty"`
-	Grant         *Grant `protobuf:"bytes,7,opt,name=grant,proto3" json:"grant,omitempty"`
+	Instance string `protobuf:"bytes,6,opt,name=instance,proto3" json:"instance,omitempty"`
+	Grant    *Grant `protobuf:"bytes,7,opt,name=grant,proto3" json:"grant,omitempty"`
+	// clock echoes the latest demand report the coordinator received from
+	// this instance, so that the instance measures its clock's offset from
+	// the coordinator's (NTP's four timestamps) and cuts its windows on the
+	// coordinator's time; unset before any report.
+	Clock         *ClockEcho `protobuf:"bytes,8,opt,name=clock,proto3" json:"clock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -651,6 +656,76 @@ func (x *ShareAssignment) GetGrant() *Grant {
 	return nil
 }
 
+func (x *ShareAssignment) GetClock() *ClockEcho {
+	if x != nil {
+		return x.Clock
+	}
+	return nil
+}
+
+// ClockEcho: report_at is the echoed report's at (the instance's clock),
+// received when the coordinator took it and sent when it made this
+// assignment (the coordinator's clock).
+type ClockEcho struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReportAt      *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=report_at,json=reportAt,proto3" json:"report_at,omitempty"`
+	Received      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=received,proto3" json:"received,omitempty"`
+	Sent          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=sent,proto3" json:"sent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClockEcho) Reset() {
+	*x = ClockEcho{}
+	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockEcho) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockEcho) ProtoMessage() {}
+
+func (x *ClockEcho) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockEcho.ProtoReflect.Descriptor instead.
+func (*ClockEcho) Descriptor() ([]byte, []int) {
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ClockEcho) GetReportAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportAt
+	}
+	return nil
+}
+
+func (x *ClockEcho) GetReceived() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Received
+	}
+	return nil
+}
+
+func (x *ClockEcho) GetSent() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Sent
+	}
+	return nil
+}
+
 // Grant is one instance's part of its region's allowance. seq increases
 // with every grant to the instance within a term. After expires (the
 // coordinator's clock) the instance holds nothing until granted again. A
@@ -671,7 +746,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -683,7 +758,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[8]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -696,7 +771,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Grant) GetSeq() uint64 {
@@ -753,7 +828,7 @@ type Weight struct {
 
 func (x *Weight) Reset() {
 	*x = Weight{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +840,7 @@ func (x *Weight) String() string {
 func (*Weight) ProtoMessage() {}
 
 func (x *Weight) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[9]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +853,7 @@ func (x *Weight) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Weight.ProtoReflect.Descriptor instead.
 func (*Weight) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Weight) GetLimit() string {
@@ -825,7 +900,7 @@ type Share struct {
 
 func (x *Share) Reset() {
 	*x = Share{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +912,7 @@ func (x *Share) String() string {
 func (*Share) ProtoMessage() {}
 
 func (x *Share) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +925,7 @@ func (x *Share) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Share.ProtoReflect.Descriptor instead.
 func (*Share) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Share) GetLimit() string {
@@ -897,7 +972,7 @@ type AssignmentAck struct {
 
 func (x *AssignmentAck) Reset() {
 	*x = AssignmentAck{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +984,7 @@ func (x *AssignmentAck) String() string {
 func (*AssignmentAck) ProtoMessage() {}
 
 func (x *AssignmentAck) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +997,7 @@ func (x *AssignmentAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentAck.ProtoReflect.Descriptor instead.
 func (*AssignmentAck) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AssignmentAck) GetDomain() string {
@@ -1008,7 +1083,7 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\badmitted\x18\x02 \x01(\x01R\badmitted\x12\x1a\n" +
 	"\brejected\x18\x03 \x01(\x01R\brejected\x12\x1d\n" +
 	"\n" +
-	"near_limit\x18\x04 \x01(\bR\tnearLimit\"\xdb\x01\n" +
+	"near_limit\x18\x04 \x01(\bR\tnearLimit\"\x86\x02\n" +
 	"\x0fShareAssignment\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
@@ -1016,7 +1091,12 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12'\n" +
 	"\x06shares\x18\x05 \x03(\v2\x0f.allot.v1.ShareR\x06shares\x12\x1a\n" +
 	"\binstance\x18\x06 \x01(\tR\binstance\x12%\n" +
-	"\x05grant\x18\a \x01(\v2\x0f.allot.v1.GrantR\x05grant\"\xa5\x01\n" +
+	"\x05grant\x18\a \x01(\v2\x0f.allot.v1.GrantR\x05grant\x12)\n" +
+	"\x05clock\x18\b \x01(\v2\x13.allot.v1.ClockEchoR\x05clock\"\xac\x01\n" +
+	"\tClockEcho\x127\n" +
+	"\treport_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\breportAt\x126\n" +
+	"\breceived\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\breceived\x12.\n" +
+	"\x04sent\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04sent\"\xa5\x01\n" +
 	"\x05Grant\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x124\n" +
 	"\aexpires\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12*\n" +
@@ -1055,7 +1135,7 @@ func file_allot_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_allot_v1_coordinator_proto_rawDescData
 }
 
-var file_allot_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_allot_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_allot_v1_coordinator_proto_goTypes = []any{
 	(*RegionMessage)(nil),         // 0: allot.v1.RegionMessage
 	(*CoordinatorMessage)(nil),    // 1: allot.v1.CoordinatorMessage
@@ -1065,34 +1145,39 @@ var file_allot_v1_coordinator_proto_goTypes = []any{
 	(*LimitDemand)(nil),           // 5: allot.v1.LimitDemand
 	(*KeyDemand)(nil),             // 6: allot.v1.KeyDemand
 	(*ShareAssignment)(nil),       // 7: allot.v1.ShareAssignment
-	(*Grant)(nil),                 // 8: allot.v1.Grant
-	(*Weight)(nil),                // 9: allot.v1.Weight
-	(*Share)(nil),                 // 10: allot.v1.Share
-	(*AssignmentAck)(nil),         // 11: allot.v1.AssignmentAck
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*ClockEcho)(nil),             // 8: allot.v1.ClockEcho
+	(*Grant)(nil),                 // 9: allot.v1.Grant
+	(*Weight)(nil),                // 10: allot.v1.Weight
+	(*Share)(nil),                 // 11: allot.v1.Share
+	(*AssignmentAck)(nil),         // 12: allot.v1.AssignmentAck
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_allot_v1_coordinator_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.RegionMessage.hello:type_name -> allot.v1.Hello
 	4,  // 1: allot.v1.RegionMessage.report:type_name -> allot.v1.DemandReport
-	11, // 2: allot.v1.RegionMessage.ack:type_name -> allot.v1.AssignmentAck
+	12, // 2: allot.v1.RegionMessage.ack:type_name -> allot.v1.AssignmentAck
 	7,  // 3: allot.v1.CoordinatorMessage.assignment:type_name -> allot.v1.ShareAssignment
 	2,  // 4: allot.v1.CoordinatorMessage.rejection:type_name -> allot.v1.Rejection
-	9,  // 5: allot.v1.Hello.weights:type_name -> allot.v1.Weight
-	12, // 6: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
+	10, // 5: allot.v1.Hello.weights:type_name -> allot.v1.Weight
+	13, // 6: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
 	5,  // 7: allot.v1.DemandReport.limits:type_name -> allot.v1.LimitDemand
 	6,  // 8: allot.v1.LimitDemand.keys:type_name -> allot.v1.KeyDemand
-	10, // 9: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
-	8,  // 10: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
-	12, // 11: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
-	9,  // 12: allot.v1.Grant.weights:type_name -> allot.v1.Weight
-	12, // 13: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
-	0,  // 14: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
-	1,  // 15: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	11, // 9: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
+	9,  // 10: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
+	8,  // 11: allot.v1.ShareAssignment.clock:type_name -> allot.v1.ClockEcho
+	13, // 12: allot.v1.ClockEcho.report_at:type_name -> google.protobuf.Timestamp
+	13, // 13: allot.v1.ClockEcho.received:type_name -> google.protobuf.Timestamp
+	13, // 14: allot.v1.ClockEcho.sent:type_name -> google.protobuf.Timestamp
+	13, // 15: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
+	10, // 16: allot.v1.Grant.weights:type_name -> allot.v1.Weight
+	13, // 17: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
+	0,  // 18: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
+	1,  // 19: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
+	19, // [19:20] is the sub-list for method output_type
+	18, // [18:19] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_coordinator_proto_init() }
@@ -1115,7 +1200,7 @@ func file_allot_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_coordinator_proto_rawDesc), len(file_allot_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
