@@ -30,7 +30,7 @@ func TestClockSync(t *testing.T) {
 	}{
 		{90 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond},
 		{30 * time.Millisecond, 200 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond}, // held long: the hold is not error
-		{100 * time.Millisecond, 0, 100 * time.Millisecond, 30 * time.Millisecond},                  // worse: the better one stays
+		{100 * time.Millisecond, 0, 100 * time.Millisecond, 30 * time.Millisecond},                    // worse: the better one stays
 	}
 	at := t0
 	for i, r := range rows {
