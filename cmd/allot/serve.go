@@ -300,6 +300,17 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 		return nil, err
 	}
 	nodeOf.Store(inode)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "allot_regional_clock_offset_seconds",
+		Help: "What the instance adds to its clock to read the coordinator's, as measured from its reports' echoes (0 before any)."},
+		func() float64 { return inode.Now(time.Unix(0, 0)).Sub(time.Unix(0, 0)).Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "allot_regional_clock_error_seconds",
+			Help: "The most the instance's reading of the coordinator's clock may be off (half a round trip); -1 before any measurement."},
+			func() float64 {
+				if sk := inode.Skew(); sk >= 0 {
+					return sk.Seconds()
+				}
+				return -1
+			}))
 	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL, Authorization: spec.authz, Now: clock})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
