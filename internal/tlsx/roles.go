@@ -95,7 +95,8 @@ func ParseRoles(s string) (Roles, error) {
 //
 //	gateway (…/gateway/G, …/region/R/gateway/G)   check, gateway
 //	client (…/client/NAME)                        check
-//	operator (…/operator/NAME)                    operator, viewer
+//	operator (…/operator/NAME)                    operator, viewer, check (an operator tries
+//	                                              a limit as a client would: allot cluster up's curl)
 //	coordinator (…/coordinator/C)                 viewer (its fan-out of Usage and Status)
 //	enforcer (…/region/R[/instance/I])            none here: its Peer and Coordinator
 //	                                              calls are checked by SpeaksFor
@@ -108,7 +109,7 @@ func (id Identity) Roles() Roles {
 	case "client":
 		return RoleCheck
 	case "operator":
-		return RoleOperator | RoleViewer
+		return RoleOperator | RoleViewer | RoleCheck
 	case "coordinator":
 		return RoleViewer
 	}

@@ -21,7 +21,7 @@ func TestRoles(t *testing.T) {
 		{"spiffe://allot/gateway/edge-7", "check,gateway"},
 		{"spiffe://allot/region/us-east/gateway/envoy", "check,gateway,refund"},
 		{"spiffe://allot/client/app", "check,viewer"},
-		{"spiffe://allot/operator/alice", "viewer,operator"},
+		{"spiffe://allot/operator/alice", "check,viewer,operator"},
 		{"spiffe://allot/coordinator/c1", "viewer"},
 		{"spiffe://allot/region/us-east/instance/i1", "none"},
 		{"spiffe://allot/region/us-east", "none"},
