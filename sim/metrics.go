@@ -30,6 +30,15 @@ type metrics struct {
 	worst          keyWindow
 	regOverWindows []int
 	regOverMax     []float64
+	// L per window, where a config event changed it: a window's L is
+	// the least in force at any instant of it (lims, in order), but at
+	// least what the key had admitted in it when L was lowered (floor).
+	lims  []limChange
+	floor map[keyWindow]float64
+
+	// A token bucket or GCRA limit is also bounded by B + r·T over every
+	// interval T of true time, per key (bound.go).
+	bound *boundCheck
 
 	hotWindows  map[int64][]float64 // the watched key's admitted, by region
 	times       []time.Duration     // of share samples
@@ -48,6 +57,12 @@ type metrics struct {
 type keyWindow struct {
 	id int
 	w  int64
+}
+
+// limChange is L from window w's instant at on.
+type limChange struct {
+	at time.Duration
+	l  float64
 }
 
 // Counts are requests of one region (or all) after the warm-up, in cost.
@@ -73,6 +88,9 @@ func newMetrics(sc *Scenario, l *allot.Limit, d *allot.Domain, keys *keySpace, i
 		for i := 0; i < len(m.cnt); i += nr + 1 {
 			m.cnt[i] = -1
 		}
+		if l.Algorithm != allot.SlidingWindow {
+			m.bound = newBoundCheck(l, len(keys.values))
+		}
 	}
 	return m
 }
@@ -89,6 +107,9 @@ func (m *metrics) add(now time.Time, r, id, n int, admitted, rejected float64) {
 			row[0] = float64(w)
 		}
 		row[1+r] += admitted
+		if m.bound != nil {
+			m.bound.add(now, id, admitted)
+		}
 		if id == m.keys.hot {
 			hw := m.hotWindows[w]
 			if hw == nil {
@@ -120,23 +141,72 @@ func (m *metrics) flush(id int) {
 	for _, n := range row {
 		total += n
 	}
-	if total > m.l {
-		excess := total - m.l
-		kw := keyWindow{id, int64(w)}
+	kw := keyWindow{id, int64(w)}
+	l := m.limit(kw)
+	if total > l {
+		excess := total - l
 		m.overWindows++
-		p := pct(excess, m.l)
+		p := pct(excess, l)
 		if p > m.overMax || p == m.overMax && (kw.w < m.worst.w || kw.w == m.worst.w && kw.id < m.worst.id) {
 			m.overMax, m.worst = p, kw // the first worst, so that the order of flushes does not matter
 		}
 		for r, n := range row {
 			if n > 0 {
 				m.regOverWindows[r]++
-				m.regOverMax[r] = max(m.regOverMax[r], pct(excess*n/total, m.l))
+				m.regOverMax[r] = max(m.regOverMax[r], pct(excess*n/total, l))
 			}
 		}
 	}
 	clear(row)
 	m.cnt[id*(m.nr+1)] = -1
+}
+
+// limit is the most key kw.id may admit in window kw.w: the least L in
+// force at any instant of the window, or what it had admitted there when
+// L was lowered to below that, if more.
+func (m *metrics) limit(kw keyWindow) float64 {
+	if len(m.lims) == 0 {
+		return m.l
+	}
+	start, end := time.Duration(kw.w)*m.period, time.Duration(kw.w+1)*m.period
+	l := m.l
+	for _, c := range m.lims {
+		switch {
+		case c.at <= start:
+			l = c.l // in force when the window began
+		case c.at < end:
+			l = min(l, c.l)
+		}
+	}
+	return max(l, m.floor[kw])
+}
+
+// relimit records that L is l from now on (a config event): what each
+// key admitted in the current window so far becomes its floor there when
+// l is below it.
+func (m *metrics) relimit(now time.Time, l float64) {
+	if m.ideal {
+		return
+	}
+	at := now.Sub(T0)
+	w := int64(at / m.period)
+	if m.floor == nil {
+		m.floor = map[keyWindow]float64{}
+	}
+	for id := range len(m.cnt) / (m.nr + 1) {
+		row := m.cnt[id*(m.nr+1):]
+		if int64(row[0]) != w {
+			continue
+		}
+		total := 0.0
+		for _, n := range row[1 : m.nr+1] {
+			total += n
+		}
+		if kw := (keyWindow{id, w}); total > l {
+			m.floor[kw] = max(m.floor[kw], total)
+		}
+	}
+	m.lims = append(m.lims, limChange{at: at, l: l})
 }
 
 // finish checks the windows still open.
@@ -192,6 +262,10 @@ type Figures struct {
 	// MaxShareSum is the largest sum over regions of the shares in force
 	// for one key, checked at every share change (0 without a coordinator).
 	MaxShareSum float64 `json:"max_share_sum"`
+	// Bound is, for a token bucket or GCRA limit, how what was admitted
+	// compares with B + r·T over every interval T (nil for a sliding
+	// window).
+	Bound *Bound `json:"bucket_bound,omitempty"`
 	// WorstKey and WorstWindowS name the first (key, window) of the
 	// largest overshoot.
 	WorstKey     string  `json:"worst_key,omitempty"`
@@ -209,6 +283,23 @@ type Figures struct {
 	HotWindows [][]float64     `json:"-"`
 	ShareTimes []time.Duration `json:"-"`
 	Shares     [][]float64     `json:"-"`
+}
+
+// Bound is a bucket limit's B + r·T check, global: per key, over every
+// interval [a, b] of true time, what every instance of every region
+// admitted, against B + r·(b − a).
+type Bound struct {
+	Burst    float64 `json:"burst"`
+	RatePerS float64 `json:"rate_per_s"`
+	// Above counts the admissions that end an interval above the bound.
+	Above int `json:"above"`
+	// ExcessMax is the largest excess over B + r·T, in cost, and in % of
+	// B; Key, FromS and ToS name its first key and interval.
+	ExcessMax    float64 `json:"excess_max"`
+	ExcessMaxPct float64 `json:"excess_max_pct_of_burst"`
+	Key          string  `json:"key,omitempty"`
+	FromS        float64 `json:"from_s,omitempty"`
+	ToS          float64 `json:"to_s,omitempty"`
 }
 
 // Shift is a change of offered demand (or the start) and how shares
@@ -258,6 +349,12 @@ func (m *metrics) figures(sys string, d *allot.Domain, l *allot.Limit, period ti
 	g.OvershootWindows, g.OvershootMaxPct = m.overWindows, m.overMax
 	if f.Shifts != nil {
 		g.ConvergenceS = convergence(f.Shifts, func(sh Shift) float64 { return sh.ConvergenceS })
+	}
+	if b := m.bound; b != nil {
+		f.Bound = &Bound{Burst: b.burst, RatePerS: b.rate, Above: b.above, ExcessMax: b.worst, ExcessMaxPct: pct(b.worst, b.burst)}
+		if b.key >= 0 {
+			f.Bound.Key, f.Bound.FromS, f.Bound.ToS = m.keys.name(b.key), b.from.Seconds(), b.to.Seconds()
+		}
 	}
 	if m.overWindows > 0 {
 		f.WorstKey, f.WorstWindowS = m.keys.name(m.worst.id), (time.Duration(m.worst.w) * m.period).Seconds()

@@ -118,6 +118,10 @@ func (r *Result) check(a Assert) Check {
 	case "never_above_limit":
 		c.Got = float64(s.OvershootWindows)
 		c.OK = s.OvershootWindows == 0
+		if f.Bound != nil { // a bucket: B + r·T over every interval (global: Parse refuses a region)
+			c.Got = float64(f.Bound.Above)
+			c.OK = f.Bound.Above == 0
+		}
 	case "shares_sum_max":
 		c.Got = f.MaxShareSum
 		c.OK = c.Got <= a.Value
@@ -181,6 +185,14 @@ func (r *Result) Markdown(w io.Writer) error {
 	for _, f := range r.Systems {
 		if f.MaxShareSum > 0 {
 			fmt.Fprintf(&b, "\n%s: largest sum of the shares in force of one key, at any share change: %.6f\n", f.System, f.MaxShareSum)
+		}
+		if bd := f.Bound; bd != nil {
+			fmt.Fprintf(&b, "\n%s: B + r·T (B = %g, r = %g/s) over every interval, per key: %d admissions end an interval above it, largest excess %.2f (%.2f %% of B)",
+				f.System, bd.Burst, bd.RatePerS, bd.Above, bd.ExcessMax, bd.ExcessMaxPct)
+			if bd.Key != "" {
+				fmt.Fprintf(&b, ", first in key %s over [%gs, %gs]", bd.Key, bd.FromS, bd.ToS)
+			}
+			b.WriteString("\n")
 		}
 		if f.OvershootWindows > 0 {
 			fmt.Fprintf(&b, "\n%s: largest overshoot first in key %s, window at %gs\n", f.System, f.WorstKey, f.WorstWindowS)

@@ -179,12 +179,30 @@ type LLM struct {
 //	              engines and enforcers, and its reports, take that time;
 //	              the coordinator, the regional store (Redis TIME) and the
 //	              figures keep true time
+//	config        at At the configuration becomes Config (the whole allot
+//	              configuration, inline, as the scenario's), as a reload
+//	              does it: every instance of every region it keeps takes
+//	              it (regional.Engine.SetConfig, then its node.Node's
+//	              Reconfigure), and the coordinator steps down and, For
+//	              later (0: at once), leads again under a new term from
+//	              the persisted assignments with the new domain (what
+//	              coordinator/service.Server.SetConfig does). A region the
+//	              new configuration lacks is removed: its instances stop
+//	              (cut from the coordinator and peers, its requests
+//	              rejected from then on). The measured limit keeps its
+//	              name, algorithm, mode, unit and window; L may change (a
+//	              window's L is then the least in force during it, or what
+//	              the key had admitted in it when L was lowered, if more);
+//	              a token bucket or GCRA keeps its rate and burst
 type Fault struct {
 	Kind   string        `yaml:"kind"`
 	Region string        `yaml:"region"`
 	At     time.Duration `yaml:"at"`
 	For    time.Duration `yaml:"for"`
 	Skew   time.Duration `yaml:"skew"`
+	Config string        `yaml:"config"`
+	// cfg is Config, parsed and checked.
+	cfg *allot.Config
 }
 
 // Assert is one check of a system's figures ("allot" by default):
@@ -219,7 +237,7 @@ type Assert struct {
 var checks = []string{"never_above_limit", "overshoot_max_pct", "overshoot_min_pct", "false_rejects_max_pct", "utilization_min_pct",
 	"utilization_max_pct", "converge_within_periods", "shares_sum_max", "store_calls_max_per_request"}
 
-var faultKinds = []string{"partition", "failover", "store_outage", "clock_skew"}
+var faultKinds = []string{"partition", "failover", "store_outage", "clock_skew", "config"}
 
 // Load reads and validates a scenario file.
 func Load(path string) (*Scenario, *allot.Config, error) {
@@ -333,6 +351,13 @@ func Parse(name string, data []byte) (*Scenario, *allot.Config, error) {
 		switch {
 		case !slices.Contains(faultKinds, f.Kind):
 			return nil, nil, bad(field("kind"), "want one of %v, got %q", faultKinds, f.Kind)
+		case f.Kind == "config":
+			if err := checkConfigEvent(&s, f, cfg, name+": "+field("config")); err != nil {
+				return nil, nil, bad(field("config"), "%v", err)
+			}
+			continue
+		case f.Config != "":
+			return nil, nil, bad(field("config"), "only a config event has a config")
 		case f.Kind != "failover" && !slices.Contains(d.Regions, f.Region):
 			return nil, nil, bad(field("region"), "unknown region %q", f.Region)
 		case f.For < 0 || f.For == 0 && f.Kind != "clock_skew":
@@ -360,8 +385,46 @@ func Parse(name string, data []byte) (*Scenario, *allot.Config, error) {
 		if a.Region != "" && !slices.Contains(d.Regions, a.Region) {
 			return nil, nil, bad(fmt.Sprintf("assert[%d].region", i), "unknown region %q", a.Region)
 		}
+		if a.Region != "" && a.Check == "never_above_limit" && l.Algorithm != allot.SlidingWindow {
+			return nil, nil, bad(fmt.Sprintf("assert[%d].region", i), "never_above_limit of a %s limit checks B + r·T globally: want no region", l.Algorithm)
+		}
 	}
 	return &s, cfg, nil
+}
+
+// checkConfigEvent parses config event f's configuration (file names it
+// in errors) and checks it against the scenario's, cfg.
+func checkConfigEvent(s *Scenario, f *Fault, cfg *allot.Config, file string) error {
+	next, err := allot.ParseConfig(file, []byte(f.Config))
+	if err != nil {
+		return err
+	}
+	d, nd := cfg.Domains[0], next.Domains
+	if len(nd) != 1 || nd[0].Name != d.Name {
+		return fmt.Errorf("want one domain, %s", d.Name)
+	}
+	for _, r := range nd[0].Regions {
+		if !slices.Contains(d.Regions, r) {
+			return fmt.Errorf("region %q is not one of the scenario's %v: a config event may remove regions, not add them", r, d.Regions)
+		}
+	}
+	l, nl := d.Limit(s.Limit), nd[0].Limit(s.Limit)
+	switch {
+	case f.For < 0:
+		return fmt.Errorf("for: want 0 or a positive duration")
+	case s.GatewayLeases:
+		return fmt.Errorf("not with gateway_leases")
+	case nl == nil:
+		return fmt.Errorf("it lacks limit %s, the one measured", s.Limit)
+	case nl.Algorithm != l.Algorithm || nl.Mode != l.Mode || nl.Unit != l.Unit || nl.Rate.Period != l.Rate.Period:
+		return fmt.Errorf("limit %s changes its algorithm, mode, unit or window", s.Limit)
+	case l.Algorithm != allot.SlidingWindow && (nl.Rate != l.Rate || nl.Burst != l.Burst):
+		return fmt.Errorf("limit %s (%s) changes its rate or burst: the B + r·T check follows one", s.Limit, l.Algorithm)
+	case len(s.Traffic) > 0 && !measures(nl, s.Traffic[0].Entry):
+		return fmt.Errorf("limit %s changes its match", s.Limit)
+	}
+	f.cfg = next
+	return nil
 }
 
 // measures reports whether limit l counts the requests of traffic whose

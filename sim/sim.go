@@ -125,6 +125,7 @@ type region struct {
 	idx   int // in the domain's regions
 	link  Link
 	skew  time.Duration // its clock reads true time + skew
+	gone  bool          // removed by a config event: its instances stopped
 	inst  []*instance
 	store *simStore  // nil without leased or exact limits
 	gw    []*gateway // the gateways system's gateways (gateway.go)
@@ -281,6 +282,11 @@ func (w *world) buildIdeal() error {
 	for i, name := range w.dom.Regions {
 		w.region = append(w.region, &region{name: name, idx: i, inst: []*instance{one}})
 	}
+	for _, f := range w.sc.Faults {
+		if f.Kind == "config" { // the one global limiter follows the configuration
+			w.fault(f)
+		}
+	}
 	return nil
 }
 
@@ -309,7 +315,7 @@ func (w *world) buildNaive() error {
 		w.region = append(w.region, r)
 	}
 	for _, f := range w.sc.Faults {
-		if f.Kind == "clock_skew" { // the naive instances have clocks too
+		if f.Kind == "clock_skew" || f.Kind == "config" { // the naive instances have clocks and configurations too
 			w.fault(f)
 		}
 	}
@@ -535,6 +541,9 @@ func (w *world) start() error {
 	w.coord = c
 	w.gen++
 	for _, r := range w.region {
+		if r.gone {
+			continue
+		}
 		for _, in := range r.inst {
 			w.connect(r, in)
 		}
@@ -592,6 +601,95 @@ func (w *world) fault(f Fault) {
 		r := w.byName(f.Region)
 		w.at(T0.Add(f.At), func() { r.skew = f.Skew })
 		w.at(T0.Add(f.At+f.For), func() { r.skew = 0 })
+	case "config":
+		w.at(T0.Add(f.At), func() {
+			if err := w.reconfigure(f); err != nil {
+				panic(fmt.Sprintf("config event at %v: %v", f.At, err))
+			}
+		})
+	}
+}
+
+// reconfigure applies config event f as a reload does: every instance of
+// every region the configuration keeps takes it (the engine's SetConfig,
+// then its core's Reconfigure, as cmd/allot's regional server does), the
+// instances of a region it lacks stop, and the coordinator steps down and
+// leads again f.For later under a new term, from what it persisted, with
+// the new domain (coordinator/service.Server.SetConfig).
+func (w *world) reconfigure(f Fault) error {
+	cfg, err := w.configFor(f.Config)
+	if err != nil {
+		return err
+	}
+	d := cfg.Domains[0]
+	w.m.relimit(w.now, float64(d.Limit(w.lim.Name).Rate.Amount))
+	seen := map[*regional.Engine]bool{}
+	for _, r := range w.region {
+		if !slices.Contains(d.Regions, r.name) && w.sys != ideal {
+			w.remove(r)
+			continue
+		}
+		for _, in := range r.inst {
+			if seen[in.e] {
+				continue // the ideal pass's one engine
+			}
+			seen[in.e] = true
+			in.e.SetConfig(cfg)
+			if in.n != nil {
+				if err := in.n.Reconfigure(w.clock(r)); err != nil {
+					return fmt.Errorf("%s: %w", in.id, err)
+				}
+			}
+		}
+	}
+	w.dom, w.lim = d, d.Limit(w.lim.Name)
+	if w.sys == ideal || w.sys == Naive {
+		return nil
+	}
+	w.coord = nil // steps down; its streams close
+	w.at(w.now.Add(f.For), func() {
+		if err := w.start(); err != nil {
+			panic(err)
+		}
+	})
+	return nil
+}
+
+// configFor parses configuration src as this system runs it: every
+// limit local for the ideal pass, the naive split and the gateways'
+// enforcers; stale_after a day without fallback; as written for allot.
+func (w *world) configFor(src string) (*allot.Config, error) {
+	sc := &Scenario{Name: w.sc.Name, Config: src}
+	switch w.sys {
+	case ideal, Naive, Gateways:
+		return localConfig(sc, false)
+	}
+	c, err := allot.ParseConfig(w.sc.Name, []byte(src))
+	if err == nil && w.sys == NoFallback {
+		for _, l := range c.Domains[0].Limits {
+			l.StaleAfter = 24 * time.Hour
+		}
+	}
+	return c, err
+}
+
+// remove stops region r's instances for good: they are cut from the
+// coordinator and their peers, its requests are rejected, and what they
+// applied leaves the tally of shares in force.
+func (w *world) remove(r *region) {
+	r.gone, w.cut[r.name] = true, true
+	for _, in := range r.inst {
+		if in.def == nil {
+			continue
+		}
+		for limit, own := range in.own {
+			for k := range own {
+				w.tallyShare(in, coordinator.Share{Limit: limit, Key: k, Value: -1})
+			}
+		}
+		for limit := range in.def {
+			w.tallyShare(in, coordinator.Share{Limit: limit, Value: 0})
+		}
 	}
 }
 

@@ -230,6 +230,15 @@ func (r *region) instance(i int) int {
 // arrive decides n arrivals of the same key at the same instance, now.
 func (w *world) arrive(s *stream, a arrival, n int) {
 	r := s.r
+	if r.gone { // removed by a config event: nothing serves it
+		id := w.keys.id(s.entry, a.key)
+		cost := s.t.Cost
+		if s.t.LLM != nil {
+			cost = a.prompt + a.output
+		}
+		w.m.add(w.now, r.idx, id, n, 0, float64(cost*int64(n)))
+		return
+	}
 	if r.gw != nil && s.t.LLM == nil {
 		id := w.keys.id(s.entry, a.key)
 		s.desc[0].Value = w.keys.values[id]
