@@ -13,8 +13,9 @@
 // their links to the coordinator and to each other (RTT, jitter, loss,
 // duplication), traffic generators (Poisson, diurnal, bursts, Zipf over
 // many keys, a key that reaches only some instances, LLM calls), faults
-// (partition, coordinator failover, regional store outage, clock skew)
-// and assertions. [Run] simulates several systems with the same arrivals:
+// (partition, coordinator failover, regional store outage, clock skew,
+// a configuration reload that lowers L or removes a region) and
+// assertions. [Run] simulates several systems with the same arrivals:
 // allot; the naive even split (one engine per instance, each enforcing
 // global ÷ instances, no coordinator, no peers, no store); for a
 // shared-mode limit, allot without the staleness fallback (the engine has
@@ -76,6 +77,9 @@
 //	failover:            coord = nil; later coordinator.New(now, {Term: term+1}, persisted)
 //	store outage:        store.SetErr(err); later store.SetErr(nil)
 //	clock skew:          a region's now is true time + skew in every call above
+//	config:              every kept instance: engine.SetConfig(cfg); node.Reconfigure(now)
+//	                     coord = nil; later coordinator.NewFleet(now, {Domain: new, Term: term+1}, persisted)
+//	                     a region cfg lacks: cut, its requests rejected
 //
 // A message is sent after RTT/2 plus jitter, or lost; one to a stopped
 // coordinator is lost; a partitioned region loses what it sends and what
@@ -98,7 +102,10 @@
 // Overshoot counts (key, window) pairs, windows in true time, whose
 // global admitted exceeds L (an LLM call counts its real cost in the
 // window that admitted it); a region's part of a window's excess is in
-// proportion to what it admitted there. At every share change the
+// proportion to what it admitted there. For a token bucket or GCRA limit,
+// never_above_limit checks instead that what every instance of every
+// region admitted of one key over every interval T of true time is at
+// most B + r·T, in one scan per key (bound.go). At every share change the
 // simulator sums the key's shares in force over regions (the
 // coordinator's invariant: at most 1). Convergence is the time after the
 // start and after each change of offered traffic until the shares of the
