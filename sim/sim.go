@@ -497,12 +497,16 @@ func (w *world) tallyShare(in *instance, s coordinator.Share) {
 	}
 }
 
-// share is region r's share of key: what its instances apply together
+// share is region r's share of key (0 once a config event removed it):
+// what its instances apply together
 // for a limit divided among them (coordinator.Weighted, and every limit
 // of the naive system); for a limit counted in the regional store or a
 // CountStore, the largest share any of its instances applies to the
 // region's count.
 func (w *world) share(r *region, limit, key string) float64 {
+	if r.gone {
+		return 0 // its instances stopped: nothing of theirs is in force
+	}
 	sum, most := 0.0, 0.0
 	seen := map[*regional.Engine]bool{}
 	for _, in := range r.inst {
