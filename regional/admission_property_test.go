@@ -40,8 +40,8 @@ func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 		r := newAdmissionRun(t, d)
 		r.run(t, d)
 		if err := r.check(); err != nil {
-			t.Fatalf("seed %d (%s, L = %.0f per %v, B = %.0f, %d holders, peers %v): %v",
-				seed, r.alg, r.amount, time.Duration(r.period), r.burst, len(r.holders), r.peers, err)
+			t.Fatalf("seed %d (%s, L = %.0f per %v, B = %.0f, %d holders, peers %v, guard %v): %v",
+				seed, r.alg, r.amount, time.Duration(r.period), r.burst, len(r.holders), r.peers, r.guard, err)
 		}
 		for k, n := range r.events {
 			events[k] += n
@@ -94,6 +94,7 @@ type admissionRun struct {
 	holders  []*admissionHolder
 	peers    bool
 	steps    int
+	guard    time.Duration // every engine's window guard (0: none)
 	now      int64
 	raises   []pendingRaise
 	admitted []admission
@@ -123,6 +124,9 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 	r.alg = r.cfg.Domains[0].Limits[0].Algorithm
 	// From ten steps a window to a thousand.
 	r.rebal = r.period / int64([]int{10, 100, 1000}[d.int(0, 2)])
+	if d.bool() { // one true clock: any guard holds
+		r.guard = time.Duration(d.int64(int64(time.Millisecond), r.period/2))
+	}
 	for _, reg := range regions {
 		for range d.int(1, 3) {
 			h := &admissionHolder{region: reg}
@@ -143,6 +147,7 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 // start gives h a new engine: at the run's start, or a restart.
 func (r *admissionRun) start(t testing.TB, h *admissionHolder) {
 	h.e = New(r.cfg, Options{})
+	h.e.SetWindowGuard(r.guard)
 	if !r.peers {
 		return
 	}

@@ -74,7 +74,24 @@ type Engine struct {
 	// a region alone); guarded by mu.
 	initial func(d *allot.Domain, l *allot.Limit) float64
 	peer    atomic.Pointer[peerState] // set once by SetPeers (peer.go)
+	guard   atomic.Int64              // the window guard, ns (SetWindowGuard)
 }
+
+// SetWindowGuard sets the window guard g of the sliding windows' share
+// changes from now on. With g 0 (the zero value), a window uses the least
+// share in force since it began: a lowering counts at once, a raise from
+// the next window. With g > 0, a change made past a window's first g
+// counts from the next window whichever way it goes, so that share
+// moving from one region to another mid-window is neither lost there nor
+// spent twice: the region that gave it up may spend it until the window
+// ends, the one that got it from the next window on. That holds when
+// every instance's windows start within g/2 of the coordinator's (an
+// instance measures its own error, node.Node.Skew): each instance whose
+// error is unknown or larger keeps g at 0. Safe for concurrent use.
+func (e *Engine) SetWindowGuard(g time.Duration) { e.guard.Store(int64(max(g, 0))) }
+
+// WindowGuard returns the window guard set by SetWindowGuard.
+func (e *Engine) WindowGuard() time.Duration { return time.Duration(e.guard.Load()) }
 
 type compiled struct {
 	src     *allot.Config
@@ -146,7 +163,11 @@ type keyShare struct {
 // For sliding windows the history also keeps, whatever the number of
 // changes, the least share in force in the window of its latest change
 // (low, in windows of per ns): a window that outlives the kept changes
-// still uses the share in force when it began.
+// still uses the share in force when it began. With a window guard g
+// (Engine.SetWindowGuard), it also keeps early, the least share in force
+// in the window's first g: past its first g, a window uses early, so
+// that a change made later in the window, a lowering as well as a
+// raise, counts from the next window on.
 type shareHist struct {
 	prev    float64 // share before changes[0]
 	n       int
@@ -154,6 +175,8 @@ type shareHist struct {
 	per     int64   // the period low is counted in; 0: none
 	win     int64   // the window (index in per) of the latest change
 	low     float64 // the least share in force in win, up to now
+	early   float64 // the least share in force in win's first g
+	g       int64   // the window guard (ns) when win was recorded; 0: none
 }
 
 type shareChange struct {
@@ -185,6 +208,8 @@ func (h *shareHist) forCheck(p params, now int64) float64 {
 		switch w := now / p.period; {
 		case w > h.win:
 			return s // the latest change was before this window began
+		case w == h.win && h.g > 0 && now%p.period > h.g:
+			return h.early // past the guard: later changes count from the next window
 		case w == h.win:
 			return h.low
 		}
@@ -208,17 +233,28 @@ func (h *shareHist) leastSince(ws int64) float64 {
 }
 
 // with returns a copy of h with share in force from at; per is the
-// period of the limit's windows (0 for buckets).
-func (h *shareHist) with(at int64, share float64, per int64) *shareHist {
+// period of the limit's windows (0 for buckets), g the engine's window
+// guard (SetWindowGuard).
+func (h *shareHist) with(at int64, share float64, per, g int64) *shareHist {
 	c := *h
 	if per > 0 {
+		inGuard := at%per <= g
 		switch w := at / per; {
-		case c.per != per:
-			c.per, c.win, c.low = per, w, min(c.leastSince(at-at%per), share)
-		case w > c.win:
-			c.win, c.low = w, min(c.current(), share) // the current share began this window
+		case c.per != per || w > c.win:
+			start := c.current() // the latest change was before this window began...
+			if c.per != per {
+				start = c.leastSince(at - at%per) // ...or, in another period, the least known
+			}
+			c.per, c.win, c.g = per, w, g
+			c.low, c.early = min(start, share), start
+			if inGuard {
+				c.early = c.low
+			}
 		default: // the same window, or the clock stepped back
 			c.low = min(c.low, share)
+			if inGuard || w < c.win {
+				c.early = min(c.early, share)
+			}
 		}
 	}
 	if c.n > 0 && at <= c.changes[c.n-1].at { // same instant or clock step back: replace
@@ -365,8 +401,9 @@ func (e *Engine) SetShare(now time.Time, domain, limit string, share float64) er
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	t := now.UnixNano()
-	ls.shares.def.Store(ls.shares.def.Load().with(t, share, ls.windowPer()))
-	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, ls.windowPer()) }, t)
+	g := e.guard.Load()
+	ls.shares.def.Store(ls.shares.def.Load().with(t, share, ls.windowPer(), g))
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, ls.windowPer(), g) }, t)
 	return nil
 }
 
@@ -427,7 +464,7 @@ func (e *Engine) ResetShare(domain, limit string, share float64, since time.Time
 		if last := ks.hist.changes[ks.hist.n-1].at; since.IsZero() || at < last {
 			at = last
 		}
-		return ks.hist.with(at, share, ls.windowPer())
+		return ks.hist.with(at, share, ls.windowPer(), e.guard.Load())
 	}, math.MinInt64)
 	return nil
 }

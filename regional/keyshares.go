@@ -37,7 +37,7 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 	if old != nil {
 		maps.Copy(m, *old)
 	}
-	t := now.UnixNano()
+	t, g := now.UnixNano(), e.guard.Load()
 	def := ls.shares.def.Load()
 	for i, s := range shares {
 		ks := m[hs[i]]
@@ -45,7 +45,7 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 		case s.Share < 0 && (ks == nil || ks.follow):
 			continue // follows the default already
 		case s.Share < 0: // retired: it follows the default from now
-			m[hs[i]] = &keyShare{name: s.Key, hist: ks.hist.with(t, def.current(), ls.windowPer()), follow: true, until: t + ls.base.period}
+			m[hs[i]] = &keyShare{name: s.Key, hist: ks.hist.with(t, def.current(), ls.windowPer(), g), follow: true, until: t + ls.base.period}
 			ls.shares.following++
 			continue
 		}
@@ -56,7 +56,7 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 				ls.shares.following--
 			}
 		}
-		m[hs[i]] = &keyShare{name: s.Key, hist: prev.with(t, s.Share, ls.windowPer())}
+		m[hs[i]] = &keyShare{name: s.Key, hist: prev.with(t, s.Share, ls.windowPer(), g)}
 	}
 	ls.shares.keys.Store(&m)
 	ls.follow(func(ks *keyShare) *shareHist { return ks.hist }, t) // drops the ones retired long enough

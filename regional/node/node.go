@@ -67,6 +67,16 @@ func (n *Node) Engine() *regional.Engine { return n.e }
 // Region returns the instance's region.
 func (n *Node) Region() string { return n.region }
 
+// WindowGuard is the engine's window guard (regional.Engine.SetWindowGuard)
+// of an instance whose clock is measured within half of it of the
+// coordinator's: a sliding window's share changes made past its first
+// 500 ms count from the next window, so that share moving between
+// regions mid-window is neither lost nor spent twice. An instance whose
+// error is unknown (no echo yet, or none for 5 minutes) or larger keeps
+// the guard at 0: its windows use the least share in force since they
+// began.
+const WindowGuard = 500 * time.Millisecond
+
 // Now converts a reading of the instance's clock into the coordinator's
 // time, which the engine runs on: its windows are cut on it, so that
 // every instance of every region cuts them at the same instants (within
@@ -174,11 +184,19 @@ func (n *Node) Applied(domain string) (term int64, version uint64) {
 func (n *Node) Assign(local time.Time, a coordinator.Assignment) ([]coordinator.Share, coordinator.Ack, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if a.Clock != nil && a.Instance == n.id && n.clock.Sample(local, *a.Clock) {
-		off, skew, _ := n.clock.Offset(local)
+	if a.Clock != nil && a.Instance == n.id {
+		n.clock.Sample(local, *a.Clock)
+	}
+	off, skew, ok := n.clock.Offset(local)
+	g := time.Duration(0)
+	if ok {
 		n.offset.Store(int64(off))
 		n.skew.Store(int64(skew))
+		if skew <= WindowGuard/2 {
+			g = WindowGuard
+		}
 	}
+	n.e.SetWindowGuard(g)
 	now := n.Now(local)
 	x, err := n.link(a.Domain)
 	if err != nil {

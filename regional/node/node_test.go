@@ -251,4 +251,7 @@ func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
 	if d := n.Now(local()).Sub(coord); d > skew || -d > skew {
 		t.Fatalf("Now is %v off the coordinator's clock, beyond its skew %v", d, skew)
 	}
+	if g := n.Engine().WindowGuard(); g != node.WindowGuard {
+		t.Fatalf("window guard %v within %v of the coordinator's clock, want %v", g, skew, node.WindowGuard)
+	}
 }
