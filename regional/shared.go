@@ -22,9 +22,24 @@ import (
 // The key's slot in the table holds those sums. Its side entry
 // (sharedKey) remembers what part of them is the others' (inj), so that
 // the own counts are the slot's less inj; before each decision the
-// latest known others are put in place of inj. While a peer is stale the
-// others are taken out and the window admits share × L: the region's
-// split share.
+// latest known others are put in place of inj.
+//
+// The bound (allot.SharedBound). A region admits at most a budget
+// (allot.SharedBudget: max(rate × 2 × sync_interval, L / regions)) beyond what its peers
+// have seen, taken as the own count it collected a sync interval before
+// it last heard every peer (sharedKey.sent); so each peer's view of it
+// lags by at most the budget and a window admits at most L + (regions −
+// 1) × budget, bursts included.
+//
+// The staleness fallback. While a peer is stale the peers' counts are
+// taken out and the window admits what the region may still spend of its
+// split share: in a window that began in fallback, share × L; in the
+// window the fallback began, what the region had counted (its own and its
+// other instances') plus share × what was left of L (less the peers'
+// counts as last known) and at most share × L, fixed at the key's first
+// decision in fallback. The share is the least in force since the window began
+// (shareHist.forCheck). The regions' parts of what is left add up to at
+// most what is left, so a partition admits no more than the bound.
 //
 // Every tick the driver collects the own counts that changed
 // (CollectCounts), sets the region's slot in the limit's crdt.Store
@@ -88,15 +103,126 @@ type sharedKey struct {
 	pub    pair    // own counts collected
 	peers  pair    // Σ of the other regions' slots
 	sibs   pair    // Σ of the region's other instances
+	// sent are own counts of window sentW as collected, oldest first, at
+	// least a quarter of a sync interval apart: what the peers have seen
+	// (seen). Cleared after a silence.
+	sent  [sentKept]sentCount
+	nsent int
+	sentW uint64
+	// fbWin is 1 + the window whose fallback allowance is fbCap: the
+	// window the fallback began in.
+	fbWin uint64
+	fbCap float64
+}
+
+// sentKept is how many collected counts a shared key keeps: spaced by at
+// least a quarter of a sync interval, they span more than one.
+const sentKept = 6
+
+// sentCount is an own count as collected at an instant (unix ns).
+type sentCount struct {
+	at int64
+	v  float64
+}
+
+// record keeps v, collected at now for window w. After a silence (no
+// word from some peer for a sync interval) what was sent may be lost:
+// everything is forgotten until the peers are heard again.
+func (sk *sharedKey) record(now int64, w uint64, v float64) {
+	ss := sk.ss
+	switch {
+	case now-ss.heardAll.Load() > ss.syncEvery:
+		sk.nsent = 0
+		return
+	case w != sk.sentW:
+		sk.nsent, sk.sentW = 0, w
+	case sk.nsent > 0 && now-sk.sent[sk.nsent-1].at < ss.syncEvery/4:
+		return
+	}
+	if sk.nsent == sentKept {
+		copy(sk.sent[:], sk.sent[1:])
+		sk.nsent--
+	}
+	sk.sent[sk.nsent] = sentCount{at: now, v: v}
+	sk.nsent++
+}
+
+// seen is the own count of window w that every peer has received by
+// now: the latest collected a sync interval (the delay a count may take
+// to arrive) before every peer was last heard; 0 if none is known.
+func (sk *sharedKey) seen(now int64, w uint64) float64 {
+	ss := sk.ss
+	if w != sk.sentW {
+		return 0
+	}
+	by := min(now, ss.heardAll.Load()) - ss.syncEvery
+	for i := sk.nsent - 1; i >= 0; i-- {
+		if sk.sent[i].at <= by {
+			return sk.sent[i].v
+		}
+	}
+	return 0
+}
+
+// capUnseen lowers the amount of a shared work so that the own count of
+// the window stays within the budget (allot.SharedBudget) beyond what
+// the peers have seen; with nothing unseen, a request of any cost may
+// pass. s is the key's slot, with the others' counts injected; own is
+// the instance's count of window w. The caller holds the shard's lock.
+func (sk *sharedKey) capUnseen(s *slot, w *work, own float64, win uint64, now int64) {
+	ss := sk.ss
+	if len(ss.expected) == 0 {
+		return
+	}
+	unseen := own - sk.seen(now, win)
+	if unseen <= 0 {
+		return
+	}
+	room := max(0, allot.SharedBudget(w.p.amount, time.Duration(ss.period), time.Duration(ss.syncEvery), 1+len(ss.expected))-unseen)
+	period := float64(w.p.period)
+	left := float64(s.t + w.p.period - max(now, s.t))
+	est := s.b*left/period + s.a // the window's estimate, as takeWindow makes it
+	if a := est + room; a < w.p.amount {
+		w.p.amount, w.p.burst = a, a
+	}
+}
+
+// fallbackCap sets the amount of a shared work decided in fallback in
+// window win: share × L (as sharedWork set it) in a window that began in
+// fallback; in the window the fallback began, region (the region's count
+// of the window) plus share × what was left of L, less the peers' counts
+// as last known, and at most max(region, share × L), fixed at the key's
+// first decision in fallback. The caller holds the shard's lock.
+func (sk *sharedKey) fallbackCap(w *work, win uint64, region float64) {
+	ss := sk.ss
+	if ss.heardAll.Load()+ss.staleAfter < int64(win)*ss.period {
+		return // stale since before the window began
+	}
+	if sk.fbWin != win+1 {
+		l := ss.perWindow(w.base)
+		known, _ := sk.peers.at(win)
+		share := 0.0
+		if l > 0 {
+			share = w.p.amount / l
+		}
+		// Never more than share × L, the split allowance, unless the
+		// region had counted more already.
+		sk.fbWin, sk.fbCap = win+1, min(region+share*max(0, l-region-known), max(region, w.p.amount))
+	}
+	w.p.amount, w.p.burst = sk.fbCap, sk.fbCap
 }
 
 // sharedWork returns the link of a work decided in shared mode, with its
 // params set: a sliding window over the limit's period that admits L, or
-// share × L while a peer is stale. It returns nil for every other work,
+// share × L while a peer is stale, where share is the least in force
+// since the window began (shareHist.forCheck; the current share, the
+// third argument, is not used: a share raised in the window may have
+// been spent by the region that gave it up). inject lowers the amount
+// further (capUnseen, fallbackCap). It returns nil for every other work,
 // and for a table other than the engine's; a split-mode work gets the
 // loans its key was credited in the window. The caller holds the key's
 // shard lock.
-func (t *table) sharedWork(w *work, base params, share float64, now int64) (*limitSync, bool) {
+func (t *table) sharedWork(w *work, base params, _ float64, now int64) (*limitSync, bool) {
 	ss := w.ls.shares.sync.Load()
 	if ss == nil || ss.ps.table != t {
 		return nil, false
@@ -105,16 +231,22 @@ func (t *table) sharedWork(w *work, base params, share float64, now int64) (*lim
 		ss.borrowed(w, now) // split mode: loans credited in this window (borrow.go)
 		return nil, false
 	}
-	amount := base.amount
-	if base.period != ss.period && base.period > 0 { // an override's own period: per window
-		amount = amount * float64(ss.period) / float64(base.period)
-	}
+	amount := ss.perWindow(base)
 	stale := ss.stale(now)
 	if stale {
-		amount *= share
+		amount *= w.ls.shares.hist(w.key).forCheck(params{alg: allot.SlidingWindow, period: ss.period}, now)
 	}
 	w.p = params{alg: allot.SlidingWindow, amount: amount, burst: amount, period: ss.period}
 	return ss, stale
+}
+
+// perWindow is L of a shared-mode key per window of the limit's period:
+// an override with a period of its own is converted.
+func (ss *limitSync) perWindow(base params) float64 {
+	if base.period != ss.period && base.period > 0 {
+		return base.amount * float64(ss.period) / float64(base.period)
+	}
+	return base.amount
 }
 
 // inject puts the latest known others' counts in the slot of a shared
@@ -146,8 +278,10 @@ func (t *table) inject(sh *shard, i int, w *work, ss *limitSync, items []Item, n
 	// share is the region's, not each instance's. Only the peers' slots
 	// are left out while one is stale.
 	cur, prev := sk.sibs.at(win)
+	own := s.a - sk.inj.cur
 	if stale {
 		ss.fallbackDec.Add(1)
+		sk.fallbackCap(w, win, own+cur)
 	} else {
 		pc, pp := sk.peers.at(win)
 		cur, prev = cur+pc, prev+pp
@@ -156,6 +290,9 @@ func (t *table) inject(sh *shard, i int, w *work, ss *limitSync, items []Item, n
 	s.a += cur - sk.inj.cur
 	s.b += prev - sk.inj.prev
 	sk.inj.cur, sk.inj.prev = cur, prev
+	if !stale {
+		sk.capUnseen(s, w, own, win, now)
+	}
 	if !sk.dirty {
 		sk.dirty = true
 		side.dirty = append(side.dirty, sk)
@@ -263,6 +400,7 @@ func (sk *sharedKey) collect(sh *shard, now int64, touched bool, out *[]Count) b
 	}
 	*out = append(*out, slot(win, max(own, pub)))
 	sk.pub.raise(win, own)
+	sk.record(now, win, max(own, pub))
 	sk.sentAt = now
 	return false
 }
@@ -632,25 +770,22 @@ func pushTop(ks []KeyEstimate, k KeyEstimate) []KeyEstimate {
 	return ks
 }
 
-// OvershootBound is the most a shared-mode limit may admit above L in
-// steady state: rate × (sync interval + delay) × (regions − 1), where
-// delay is the one-way delay between regions.
+// OvershootBound is the most a shared-mode limit admits above L in a
+// window aligned on its period, bursts and partitions included
+// (allot.SharedBound): (regions − 1) × max(rate × 2 × sync interval,
+// L / regions) × max(1, ⌈delay / sync interval⌉), where delay is the
+// one-way delay between regions. For a key with an override of L, the
+// same with its own L; in a region of n instances, n times as much.
 func (s SyncStats) OvershootBound(delay time.Duration) float64 {
-	if s.Rate.Period <= 0 || s.Regions < 2 {
-		return 0
-	}
-	rate := float64(s.Rate.Amount) / s.Rate.Period.Seconds()
-	return rate * (s.SyncInterval + delay).Seconds() * float64(s.Regions-1)
+	return allot.SharedBound(float64(s.Rate.Amount), s.Rate.Period, s.SyncInterval, delay, s.Regions)
 }
 
-// PartitionBound is the most a shared-mode limit may admit above L while
-// a peer is cut off: rate × stale_after × (regions − 1).
-func (s SyncStats) PartitionBound() float64 {
-	if s.Rate.Period <= 0 || s.Regions < 2 {
-		return 0
-	}
-	return float64(s.Rate.Amount) / s.Rate.Period.Seconds() * s.StaleAfter.Seconds() * float64(s.Regions-1)
-}
+// PartitionBound is the most a shared-mode limit admits above L in a
+// window while a region is cut off (both ways) from the others: the
+// overshoot bound, for a delay within the sync interval. What a region
+// admits after it last heard every peer is not taken as seen, and the
+// staleness fallback splits only what is left of the window.
+func (s SyncStats) PartitionBound() float64 { return s.OvershootBound(0) }
 
 // SharedView returns every region's slot of a shared-mode key (named as
 // KeyString names it) in a window, as this region knows them: its own

@@ -571,10 +571,12 @@ func TestInstancesShareTheRegionSlot(t *testing.T) {
 		t.Fatalf("b sees a's slot as %d, want 300 (200 from a1 + 100 from a2)", got)
 	}
 	// b counts 600 of its own and sends them to a1 only; a2 learns them
-	// through the store.
+	// through the store. (One request of 600: 600 requests at one
+	// instant would be a burst above b's budget of what a has not seen,
+	// allot.SharedBudget = 500.)
 	b.Heard(now, "a")
-	for range 600 {
-		b.Check(now, "api", user("1"), 1, &dec)
+	if err := b.Check(now, "api", user("1"), 600, &dec); err != nil || !dec.Allowed {
+		t.Fatal(err, dec)
 	}
 	var fromB []Batch
 	fromB = append(fromB, b.SyncOut(now)...)

@@ -1,0 +1,117 @@
+package regional
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// untilWindow runs s until the start of the next window (plus at).
+func (s *peerSim) untilWindow(at time.Duration) {
+	next := time.Unix(0, (s.now.UnixNano()/int64(s.period)+1)*int64(s.period)).Add(at)
+	s.run(next.Sub(s.now))
+}
+
+// worstWindow is the largest global total of a complete window from
+// `from` on, and the window's id.
+func (s *peerSim) worstWindow(from time.Time) (w uint64, total float64) {
+	ws, tot := s.totals(from)
+	for i := range ws {
+		if tot[i] > total {
+			w, total = ws[i], tot[i]
+		}
+	}
+	return w, total
+}
+
+// TestSharedPartitionSpendsWhatIsLeft: a partition that starts after
+// the window's allowance was spent (a, of split share 0.1, admitted
+// almost all of L) leaves every region its split share of what is left,
+// not of L; a share raised during the window is not spent before the
+// next one. The global total of every window stays within L + the
+// stated partition bound.
+func TestSharedPartitionSpendsWhatIsLeft(t *testing.T) {
+	cfg := strings.Replace(sharedConfig, "1000/1s", "6000/1m", 1)
+	for _, c := range []struct {
+		name  string
+		raise bool // the coordinator moves a's share to b during the partition
+	}{
+		{"spent before the partition", false},
+		{"share raised during the partition", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newPeerSim(t, cfg, abc, []float64{0.1, 0.45, 0.45}, 11)
+			s.step = 5 * time.Millisecond
+			s.run(2 * time.Second) // every peer heard
+			s.untilWindow(0)
+			from := s.now
+			a, b, cr := s.regions[0], s.regions[1], s.regions[2]
+			a.offered = 400 // 5800 of L = 6000 in 14.5 s
+			s.run(14500 * time.Millisecond)
+			a.offered = 0
+			s.cut["c"] = true
+			b.offered, cr.offered = 400, 400
+			s.run(2 * time.Second)
+			if c.raise { // c's share is frozen; a's moves to b
+				if err := a.e.SetShare(s.now, "api", "global", 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.e.SetShare(s.now, "api", "global", 0.55); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.untilWindow(time.Second) // the rest of the window, and one step into the next
+			st := a.e.SyncStats()[0]
+			bound := 6000 + st.PartitionBound()
+			w, worst := s.worstWindow(from)
+			t.Logf("worst window %d admitted %.0f (a %.0f, b %.0f, c %.0f), L + partition bound %.0f",
+				w, worst, a.admitted[w], b.admitted[w], cr.admitted[w], bound)
+			if worst > bound {
+				t.Fatalf("partitioned: window %d admitted %.0f, above L + partition bound = %.0f", w, worst, bound)
+			}
+			for _, r := range s.regions {
+				if st := r.e.SyncStats()[0]; !st.Fallback {
+					t.Errorf("%s did not fall back", r.name)
+				}
+			}
+		})
+	}
+}
+
+// TestSharedSimultaneousBursts: every region bursts at the start of
+// every window, before any delta can arrive. The global total of every
+// aligned window stays within L + the stated bound.
+func TestSharedSimultaneousBursts(t *testing.T) {
+	cfg := strings.Replace(sharedConfig, "1000/1s", "100/1s", 1)
+	s := newPeerSim(t, cfg, abc, thirds, 12)
+	s.run(2 * time.Second) // every peer heard
+	s.untilWindow(0)
+	from := s.now
+	for range 5 {
+		for _, r := range s.regions {
+			r.offered = 100_000 // 100 a millisecond: all of L in the first step
+		}
+		s.run(3 * time.Millisecond)
+		for _, r := range s.regions {
+			r.offered = 0
+		}
+		s.untilWindow(0)
+	}
+	st := s.regions[0].e.SyncStats()[0]
+	bound := 100 + st.OvershootBound(s.delay)
+	ws, tot := s.totals(from)
+	t.Logf("windows %v admitted %v, L + bound %.0f", ws, tot, bound)
+	if len(ws) != 5 {
+		t.Fatalf("%d windows, want 5", len(ws))
+	}
+	for i := range ws {
+		if tot[i] > bound {
+			t.Errorf("window %d admitted %.0f, above L + bound = %.0f", ws[i], tot[i], bound)
+		}
+	}
+	for _, r := range s.regions {
+		if st := r.e.SyncStats()[0]; st.Fallback || st.Gaps != 0 {
+			t.Errorf("%s: %+v", r.name, st)
+		}
+	}
+}
