@@ -31,7 +31,7 @@
 //   - split mode: every fixed window (epoch-aligned, one period long) of
 //     every key admits at most L over all regions;
 //   - shared mode: at most L + the overshoot bound, the larger of
-//     rate × stale_after × (regions − 1) (docs/design.md §9) and the bound the
+//     allot.SharedBound (docs/design.md, shared mode) and the bound the
 //     enforcers export (allot_peer_overshoot_bound);
 //   - every request was answered within its deadline;
 //   - every admitted reservation ended: settled, released, or expired
