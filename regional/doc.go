@@ -96,9 +96,15 @@
 // Other regions (peer.go, shared.go, borrow.go, counts.go): after
 // SetPeers, shared-mode limits are decided as a sliding window that admits
 // own + Σ known others + cost ≤ L, the others' counts coming from the
-// peers' G-counter slots (crdt); while a peer is silent for stale_after,
-// or has lost deltas not yet resynced, the limit falls back to the
-// region's split share. Split-mode limits with local enforcement borrow
+// peers' G-counter slots (crdt), and beyond what the peers have seen a
+// region admits at most allot.SharedBudget, max(rate × 2 × sync_interval,
+// L / regions); while a peer is silent for stale_after, or has lost
+// deltas not yet resynced, the limit falls back to what the region may
+// still spend of its split share in the window. Every window aligned on
+// the period then admits at most L + allot.SharedBound: (regions − 1) ×
+// SharedBudget × max(1, ⌈one-way delay / sync_interval⌉), bursts and
+// partitions included (one instance per region, no clock skew, links
+// that fail both ways). Split-mode limits with local enforcement borrow
 // unused allowance from peers when exhausted, and lend theirs; the lender
 // deducts before it grants, so a loan moves allowance and never creates
 // it. A region of several instances sums their counts in a CountStore
