@@ -98,14 +98,16 @@
 // own + Σ known others + cost ≤ L, the others' counts coming from the
 // peers' G-counter slots (crdt), and beyond what the peers have seen a
 // region admits at most allot.SharedBudget, max(rate × 2 × sync_interval,
-// L / regions); while a peer is silent for stale_after, or has lost
-// deltas not yet resynced, the limit falls back to what the region may
-// still spend of its split share in the window. Every window aligned on
-// the period then admits at most L + allot.SharedBound: (regions − 1) ×
-// SharedBudget × max(1, ⌈one-way delay / sync_interval⌉), bursts and
-// partitions included (one instance per region, no clock skew, links
-// that fail both ways). Split-mode limits with local enforcement borrow
-// unused allowance from peers when exhausted, and lend theirs; the lender
+// 5 % of L); while a peer is silent for stale_after, or has lost deltas
+// not yet resynced, the limit falls back to what the region may still
+// spend of its split share in the window. Every window aligned on the
+// period then admits at most L + allot.SharedBound: (regions − 1) ×
+// SharedBudget × max(1, ⌈one-way delay / sync_interval⌉), bursts
+// included, and twice that through a partition (SyncStats.PartitionBound:
+// the counts in flight at the cut are lost), with one instance per
+// region, no clock skew and no other lost deltas. Split-mode limits with
+// local enforcement borrow unused allowance from peers when exhausted,
+// and lend theirs; the lender
 // deducts before it grants, so a loan moves allowance and never creates
 // it. A region of several instances sums their counts in a CountStore
 // (docs/adr/0002-shared-mode-slots-across-instances.md; regional/node

@@ -25,20 +25,21 @@ import (
 // latest known others are put in place of inj.
 //
 // The bound (allot.SharedBound). A region admits at most a budget
-// (allot.SharedBudget: max(rate × 2 × sync_interval, L / regions)) beyond what its peers
-// have seen, taken as the own count it collected a sync interval before
-// it last heard every peer (sharedKey.sent); so each peer's view of it
-// lags by at most the budget and a window admits at most L + (regions −
-// 1) × budget, bursts included.
+// (allot.SharedBudget: max(rate × 2 × sync_interval, 5 % of L)) beyond
+// what its peers have seen, taken as the own count it collected a sync
+// interval before it last heard every peer (sharedKey.sent); so each
+// peer's view of it lags by at most the budget and a window admits at
+// most L + (regions − 1) × budget, bursts included (twice that through a
+// partition, which loses the counts in flight).
 //
 // The staleness fallback. While a peer is stale the peers' counts are
 // taken out and the window admits what the region may still spend of its
 // split share: in a window that began in fallback, share × L; in the
 // window the fallback began, what the region had counted (its own and its
 // other instances') plus share × what was left of L (less the peers'
-// counts as last known) and at most share × L, fixed at the key's first
-// decision in fallback. The share is the least in force since the window began
-// (shareHist.forCheck). The regions' parts of what is left add up to at
+// counts as last known), at most max(that count, share × L), fixed at
+// the key's first decision in fallback. The share is the least in force
+// since the window began (shareHist.forCheck). The regions' parts of what is left add up to at
 // most what is left, so a partition admits no more than the bound.
 //
 // Every tick the driver collects the own counts that changed
@@ -116,8 +117,9 @@ type sharedKey struct {
 }
 
 // sentKept is how many collected counts a shared key keeps: spaced by at
-// least a quarter of a sync interval, they span more than one.
-const sentKept = 6
+// least a quarter of a sync interval, they span 1.75 or more, enough to
+// reach back a sync interval before the last heartbeat.
+const sentKept = 8
 
 // sentCount is an own count as collected at an instant (unix ns).
 type sentCount struct {
@@ -178,7 +180,7 @@ func (sk *sharedKey) capUnseen(s *slot, w *work, own float64, win uint64, now in
 	if unseen <= 0 {
 		return
 	}
-	room := max(0, allot.SharedBudget(w.p.amount, time.Duration(ss.period), time.Duration(ss.syncEvery), 1+len(ss.expected))-unseen)
+	room := max(0, allot.SharedBudget(w.p.amount, time.Duration(ss.period), time.Duration(ss.syncEvery))-unseen)
 	period := float64(w.p.period)
 	left := float64(s.t + w.p.period - max(now, s.t))
 	est := s.b*left/period + s.a // the window's estimate, as takeWindow makes it
@@ -771,21 +773,22 @@ func pushTop(ks []KeyEstimate, k KeyEstimate) []KeyEstimate {
 }
 
 // OvershootBound is the most a shared-mode limit admits above L in a
-// window aligned on its period, bursts and partitions included
-// (allot.SharedBound): (regions − 1) × max(rate × 2 × sync interval,
-// L / regions) × max(1, ⌈delay / sync interval⌉), where delay is the
-// one-way delay between regions. For a key with an override of L, the
-// same with its own L; in a region of n instances, n times as much.
+// window aligned on its period, bursts included (allot.SharedBound):
+// (regions − 1) × max(rate × 2 × sync interval, 5 % of L) × max(1,
+// ⌈delay / sync interval⌉), where delay is the one-way delay between
+// regions. For a key with an override of L, the same with its own L;
+// in a region of n instances, n times as much.
 func (s SyncStats) OvershootBound(delay time.Duration) float64 {
 	return allot.SharedBound(float64(s.Rate.Amount), s.Rate.Period, s.SyncInterval, delay, s.Regions)
 }
 
 // PartitionBound is the most a shared-mode limit admits above L in a
-// window while a region is cut off (both ways) from the others: the
-// overshoot bound, for a delay within the sync interval. What a region
-// admits after it last heard every peer is not taken as seen, and the
-// staleness fallback splits only what is left of the window.
-func (s SyncStats) PartitionBound() float64 { return s.OvershootBound(0) }
+// window while a region is cut off (both ways) from the others, for a
+// delay within the sync interval: twice the overshoot bound, the counts
+// in flight when the cut came being lost. What a region admits after it
+// last heard every peer is not taken as seen, and the staleness fallback
+// splits only what is left of the window.
+func (s SyncStats) PartitionBound() float64 { return s.OvershootBound(2 * s.SyncInterval) }
 
 // SharedView returns every region's slot of a shared-mode key (named as
 // KeyString names it) in a window, as this region knows them: its own

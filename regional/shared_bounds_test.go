@@ -26,7 +26,7 @@ func (s *peerSim) worstWindow(from time.Time) (w uint64, total float64) {
 
 // TestSharedPartitionSpendsWhatIsLeft: a partition that starts after
 // the window's allowance was spent (a, of split share 0.1, admitted
-// almost all of L) leaves every region its split share of what is left,
+// most of L) leaves every region its split share of what is left,
 // not of L; a share raised during the window is not spent before the
 // next one. The global total of every window stays within L + the
 // stated partition bound.
@@ -46,8 +46,8 @@ func TestSharedPartitionSpendsWhatIsLeft(t *testing.T) {
 			s.untilWindow(0)
 			from := s.now
 			a, b, cr := s.regions[0], s.regions[1], s.regions[2]
-			a.offered = 400 // 5800 of L = 6000 in 14.5 s
-			s.run(14500 * time.Millisecond)
+			a.offered = 120 // 5400 of L = 6000 in 45 s, at about the limit's rate (100/s)
+			s.run(45 * time.Second)
 			a.offered = 0
 			s.cut["c"] = true
 			b.offered, cr.offered = 400, 400
@@ -113,5 +113,40 @@ func TestSharedSimultaneousBursts(t *testing.T) {
 		if st := r.e.SyncStats()[0]; st.Fallback || st.Gaps != 0 {
 			t.Errorf("%s: %+v", r.name, st)
 		}
+	}
+}
+
+// TestSharedOneRegionAtTheRate: the unseen budget does not hold back a
+// region that takes the whole limit at the limit's rate, with the
+// heartbeats and delays of a deployment (a heartbeat every half sync
+// interval when no batch goes out, 50 ms one way).
+func TestSharedOneRegionAtTheRate(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  string
+	}{
+		{"1000/1s", sharedConfig},
+		{"60000/1m", strings.Replace(sharedConfig, "1000/1s", "60000/1m", 1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newPeerSim(t, c.cfg, abc, thirds, 13)
+			s.delay, s.beat = 50*time.Millisecond, 125*time.Millisecond
+			windows := 4
+			if s.period >= time.Minute {
+				s.step, s.cost, windows = 5*time.Millisecond, 10, 2
+			}
+			l := float64(s.regions[0].e.Config().Domains[0].Limits[0].Rate.Amount)
+			s.run(2 * time.Second)
+			s.regions[1].offered = 1.5 * l / s.period.Seconds()
+			s.untilWindow(0)
+			s.run(s.period) // the previous window full
+			from := s.now
+			s.run(time.Duration(windows) * s.period)
+			perWindow := sumFrom(s.regions[1], s.period, from) / float64(windows)
+			t.Logf("b admits %.0f per window of L=%.0f", perWindow, l)
+			if perWindow < 0.98*l {
+				t.Errorf("b admits %.0f per window, want about L=%.0f", perWindow, l)
+			}
+		})
 	}
 }

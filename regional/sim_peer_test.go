@@ -44,6 +44,8 @@ type peerSim struct {
 	bytes    int           // encoded delta bytes sent
 	step     time.Duration // of the clock; 0 means 1ms
 	cost     int64         // of each request; 0 means 1
+	beat     time.Duration // heartbeats only this often (as peersync: when no batch went out); 0: every tick
+	beatAt   map[[2]string]time.Time
 }
 
 // simT is what the simulator needs of a *testing.T or *rapid.T.
@@ -180,8 +182,12 @@ func (s *peerSim) deliver() {
 }
 
 func (s *peerSim) tickAll() {
+	if s.beatAt == nil {
+		s.beatAt = map[[2]string]time.Time{}
+	}
 	for _, r := range s.regions {
-		for _, b := range r.e.SyncOut(s.now) {
+		batches := r.e.SyncOut(s.now)
+		for _, b := range batches {
 			for _, p := range s.regions {
 				if p != r {
 					s.bytes += encodedSize(b)
@@ -193,7 +199,14 @@ func (s *peerSim) tickAll() {
 			if p == r {
 				continue
 			}
-			s.send(simMsg{kind: msgHeartbeat, from: r.name, to: p.name})
+			link := [2]string{r.name, p.name}
+			if len(batches) > 0 {
+				s.beatAt[link] = s.now
+			}
+			if s.beat <= 0 || s.now.Sub(s.beatAt[link]) >= s.beat {
+				s.beatAt[link] = s.now
+				s.send(simMsg{kind: msgHeartbeat, from: r.name, to: p.name})
+			}
 			for _, b := range r.e.PendingResyncs(s.now, p.name+">"+r.name) {
 				s.send(simMsg{kind: msgResync, from: r.name, to: p.name, b: b})
 			}

@@ -20,15 +20,16 @@ type LimitSpec struct {
 	Amount int64
 	Period time.Duration
 	// Bound is how far above L a shared-mode window may go
-	// (allot.SharedBound for a delay within the sync interval, or the
-	// exported allot_peer_overshoot_bound if larger).
+	// (allot.SharedBound through a partition: for a delay of two sync
+	// intervals; or the exported allot_peer_overshoot_bound if larger).
 	Bound float64
 }
 
 // Specs returns the LimitSpecs of cfg's limits. The Bound of a
-// shared-mode limit is the larger of allot.SharedBound (bursts and
-// partitions included, for a delay within the sync interval) and the
-// bound the enforcers export for the delay they measured
+// shared-mode limit is the larger of allot.SharedBound through a
+// partition (bursts included: for a delay of two sync intervals, the
+// counts in flight at the cut being lost) and the bound the enforcers
+// export for the delay they measured
 // (allot_peer_overshoot_bound, in requests; pass the largest scraped).
 func Specs(cfg *allot.Config, exported map[string]float64) []LimitSpec {
 	var out []LimitSpec
@@ -36,7 +37,7 @@ func Specs(cfg *allot.Config, exported map[string]float64) []LimitSpec {
 		for _, l := range d.Limits {
 			s := LimitSpec{Domain: d.Name, Name: l.Name, Mode: l.Mode, Unit: l.Unit, Amount: l.Rate.Amount, Period: l.Rate.Period}
 			if l.Mode == allot.Shared && len(d.Regions) > 1 {
-				s.Bound = max(allot.SharedBound(float64(l.Rate.Amount), l.Rate.Period, l.SyncInterval, 0, len(d.Regions)), exported[d.Name+"/"+l.Name])
+				s.Bound = max(allot.SharedBound(float64(l.Rate.Amount), l.Rate.Period, l.SyncInterval, 2*l.SyncInterval, len(d.Regions)), exported[d.Name+"/"+l.Name])
 			}
 			out = append(out, s)
 		}

@@ -290,8 +290,8 @@ limits:
 		t.Fatal(err)
 	}
 	specs := Specs(cfg, nil)
-	// allot.SharedBound: (3 − 1) regions × max(60/s × 2 × 0.1s, 60 / 3)
-	if len(specs) != 2 || specs[0].Bound < 39.99 || specs[0].Bound > 40.01 || specs[1].Bound != 0 || specs[1].Amount != 40 {
+	// allot.SharedBound through a partition: (3 − 1) regions × max(60/s × 2 × 0.1s, 5 % of 60) × 2
+	if len(specs) != 2 || specs[0].Bound < 47.99 || specs[0].Bound > 48.01 || specs[1].Bound != 0 || specs[1].Amount != 40 {
 		t.Fatalf("specs: %+v", specs)
 	}
 	if got := Specs(cfg, map[string]float64{"api/shared": 50})[0].Bound; got != 50 {
