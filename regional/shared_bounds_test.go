@@ -78,41 +78,61 @@ func TestSharedPartitionSpendsWhatIsLeft(t *testing.T) {
 	}
 }
 
-// TestSharedSimultaneousBursts: every region bursts at the start of
-// every window, before any delta can arrive. The global total of every
-// aligned window stays within L + the stated bound.
+// TestSharedSimultaneousBursts: every region bursts at once, before any
+// delta can arrive: at the start of every window (a 1 s limit), or all
+// window long far above L (a 1 min limit, whose budget is 5 % of L). The
+// global total of every aligned window stays within L + the stated
+// bound.
 func TestSharedSimultaneousBursts(t *testing.T) {
-	cfg := strings.Replace(sharedConfig, "1000/1s", "100/1s", 1)
-	s := newPeerSim(t, cfg, abc, thirds, 12)
-	s.run(2 * time.Second) // every peer heard
-	s.untilWindow(0)
-	from := s.now
-	for range 5 {
-		for _, r := range s.regions {
-			r.offered = 100_000 // 100 a millisecond: all of L in the first step
-		}
-		s.run(3 * time.Millisecond)
-		for _, r := range s.regions {
-			r.offered = 0
-		}
-		s.untilWindow(0)
-	}
-	st := s.regions[0].e.SyncStats()[0]
-	bound := 100 + st.OvershootBound(s.delay)
-	ws, tot := s.totals(from)
-	t.Logf("windows %v admitted %v, L + bound %.0f", ws, tot, bound)
-	if len(ws) != 5 {
-		t.Fatalf("%d windows, want 5", len(ws))
-	}
-	for i := range ws {
-		if tot[i] > bound {
-			t.Errorf("window %d admitted %.0f, above L + bound = %.0f", ws[i], tot[i], bound)
-		}
-	}
-	for _, r := range s.regions {
-		if st := r.e.SyncStats()[0]; st.Fallback || st.Gaps != 0 {
-			t.Errorf("%s: %+v", r.name, st)
-		}
+	for _, c := range []struct {
+		name     string
+		rate     string
+		l        float64
+		windows  int
+		burstFor time.Duration // 0: all window long
+		offered  float64       // per second, in each region
+		cost     int64
+		step     time.Duration
+	}{
+		{"100/1s, at every window's start", "100/1s", 100, 5, 3 * time.Millisecond, 100_000, 1, time.Millisecond}, // all of L in the first step
+		{"6000/1m, all window long", "6000/1m", 6000, 2, 0, 60_000, 100, 5 * time.Millisecond},                    // L every 100 ms
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newPeerSim(t, strings.Replace(sharedConfig, "1000/1s", c.rate, 1), abc, thirds, 12)
+			s.cost, s.step = c.cost, c.step
+			s.run(2 * time.Second) // every peer heard
+			s.untilWindow(0)
+			from := s.now
+			for range c.windows {
+				for _, r := range s.regions {
+					r.offered = c.offered
+				}
+				if c.burstFor > 0 {
+					s.run(c.burstFor)
+					for _, r := range s.regions {
+						r.offered = 0
+					}
+				}
+				s.untilWindow(0)
+			}
+			st := s.regions[0].e.SyncStats()[0]
+			bound := c.l + st.OvershootBound(s.delay)
+			ws, tot := s.totals(from)
+			t.Logf("windows %v admitted %v, L + bound %.0f", ws, tot, bound)
+			if len(ws) != c.windows {
+				t.Fatalf("%d windows, want %d", len(ws), c.windows)
+			}
+			for i := range ws {
+				if tot[i] > bound {
+					t.Errorf("window %d admitted %.0f, above L + bound = %.0f", ws[i], tot[i], bound)
+				}
+			}
+			for _, r := range s.regions {
+				if st := r.e.SyncStats()[0]; st.Fallback || st.Gaps != 0 {
+					t.Errorf("%s: %+v", r.name, st)
+				}
+			}
+		})
 	}
 }
 
