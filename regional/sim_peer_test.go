@@ -439,8 +439,8 @@ func TestSharedLossyNetwork(t *testing.T) {
 }
 
 // TestSharedPartition: a region cut off makes every region fall back
-// to its split share, so the global total stays within
-// L + rate × stale_after × (regions − 1); after healing, the regions
+// to what it may still spend of its split share, so the global total
+// stays within L + SyncStats.PartitionBound; after healing, the regions
 // leave the fallback and agree again.
 func TestSharedPartition(t *testing.T) {
 	s := newPeerSim(t, sharedConfig, abc, thirds, 3)

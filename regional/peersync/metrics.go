@@ -104,7 +104,7 @@ var (
 	fallbackDecDesc = prometheus.NewDesc("allot_peer_fallback_decisions_total",
 		"Shared-mode decisions made at the split share while a peer was stale.", []string{"domain", "limit"}, nil)
 	boundDesc = prometheus.NewDesc("allot_peer_overshoot_bound",
-		"Most a shared-mode limit may admit above its amount per period in steady state: rate × (sync interval + observed delay) × (regions − 1).", []string{"domain", "limit"}, nil)
+		"Most a shared-mode limit may admit above its amount in a window, bursts included (allot.SharedBound, for the observed delay): (regions − 1) × max(rate × 2 × sync interval, 5% of the amount) × max(1, ceil(delay / sync interval)).", []string{"domain", "limit"}, nil)
 	estimateDesc = prometheus.NewDesc("allot_peer_overshoot_estimate_ratio",
 		"For the heaviest keys of a shared-mode limit in the last complete window, by rank: the global total known here above the key's limit, as a fraction of it.", []string{"domain", "limit", "rank"}, nil)
 	deltasDesc = prometheus.NewDesc("allot_peer_deltas_total",
