@@ -25,6 +25,12 @@ type params struct {
 	// override. A token bucket follows a raise of it (tokensAt); the
 	// share leaves it alone.
 	own float64
+	// cap, when above 0, bounds a sliding window's count in its window:
+	// a persisted key's mark (persist.go); a check rejected by it alone
+	// retries after capRetry ns. Remaining ignores it (it is the
+	// allowance's: a key held at its mark is not near its limit).
+	cap      float64
+	capRetry int64
 }
 
 // maxWait caps reported durations: a key whose rate is 0 (share 0) never
@@ -195,10 +201,14 @@ func takeWindow(s *slot, now int64, p params, cost float64, force bool) outcome 
 	left := float64(s.t + p.period - now) // ns until the window ends
 	// est·P = prev·left + cur·P
 	estP := s.b*left + s.a*period
-	o := outcome{allowed: estP+cost*period <= p.amount*period}
+	fits := estP+cost*period <= p.amount*period
+	capped := p.cap > 0 && s.a+cost > p.cap
+	o := outcome{allowed: fits && !capped}
 	if o.allowed || force {
 		s.a += cost
 		estP += cost * period
+	} else if fits {
+		o.retryAfter = p.capRetry
 	} else {
 		o.retryAfter = windowRetry(s, p, cost, left)
 	}

@@ -359,6 +359,8 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		base := w.p
 		w.base = base
 		w.p = base.scaled(hist.forCheck(base, now))
+		// persisted long windows: the mark bounds w.p (persist.go)
+		t.gate(w, items, now, o)
 		ss, stale := t.sharedWork(w, base, hist.current(), now) // shared mode (shared.go)
 		idx, created := sh.find(w.key), false
 		if idx < 0 && t.readOnly(w, o) {
@@ -460,6 +462,7 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 		return
 	}
 	w.ls.shares.hist(w.key).fresh(s, now, w.base)
+	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
 }
 
 // sharedOf reports whether w is a shared-mode work of this table.

@@ -138,6 +138,10 @@ type limitShares struct {
 	// the engine's mu guards it.
 	following int
 	sync      atomic.Pointer[limitSync] // the link to other regions, after SetPeers (peer.go)
+
+	// persist is the state of its long windows' marks, once gated
+	// (persist.go).
+	persist atomic.Pointer[limitPersist]
 }
 
 // keyShare is a hot key's own share. A key that goes back to its limit's
@@ -451,7 +455,8 @@ func (e *Engine) ResetShare(domain, limit string, share float64, since time.Time
 	}
 	h := &shareHist{prev: share}
 	if !since.IsZero() {
-		h = &shareHist{n: 1}
+		// Before since: nothing, or what a restored window used (persist.go).
+		h = &shareHist{n: 1, prev: ls.shares.restoredLow(since.UnixNano(), ls.windowPer())}
 		h.changes[0] = shareChange{at: since.UnixNano(), share: share}
 	}
 	e.mu.Lock()

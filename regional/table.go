@@ -1,6 +1,9 @@
 package regional
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // slot is one key's state: 40 bytes. The meaning of t, a and b depends on
 // the limit's algorithm (see algo.go). key 0 marks an empty slot; hashes of
@@ -25,7 +28,13 @@ type shard struct {
 	// Engine.Demand; hot counts it per hot key.
 	demand []demand
 	hot    map[uint64]*hotKey
-	_      [64]byte // keep neighbouring shards' locks off one cache line
+	// marks are the persisted keys' marks (persist.go), dirty those
+	// checked since the last acknowledged snapshot; marksNext is when the
+	// earliest of marks' windows ends.
+	marks     map[uint64]*keyMark
+	dirty     map[uint64]*keyMark
+	marksNext int64
+	_         [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 type demand struct{ admitted, rejected float64 }
@@ -63,7 +72,8 @@ const (
 // has its own lock, and a caller that needs several keys at once locks their
 // shards in ascending order (lockOrder).
 type table struct {
-	shards [numShards]shard
+	shards  [numShards]shard
+	persist atomic.Pointer[persistCfg] // nil: long windows are not persisted (persist.go)
 }
 
 func newTable(maxKeys int) *table {
