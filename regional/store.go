@@ -1,8 +1,11 @@
 package regional
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,6 +41,23 @@ type Store interface {
 	// removes it when ttl is 0, and returns how many instances of region
 	// are live.
 	Heartbeat(ctx context.Context, now time.Time, region, instance string, ttl time.Duration) (int, error)
+}
+
+// MarkStore keeps the marks of an instance's persisted long windows
+// (Engine.Snapshot, Engine.Restore): one record per instance, domain,
+// limit and window, which expires at the window's end. It is how a
+// restarted process of the same instance knows what it spent.
+// Implementations are safe for concurrent use.
+type MarkStore interface {
+	// SaveMarks writes each record of marks: its Low, Floor and each key's
+	// mark replace those saved before (the engine only raises marks and
+	// floors, and only lowers Low, within a window); keys not listed keep
+	// theirs. An error means some records may not have been written.
+	SaveMarks(ctx context.Context, now time.Time, instance string, marks []Marks) error
+	// LoadMarks returns the record saved for each of want that has one,
+	// with every key saved in it; want names the domain, limit, period
+	// and window (as Engine.Persisted returns them).
+	LoadMarks(ctx context.Context, instance string, want []Marks) ([]Marks, error)
 }
 
 // Bucket is one key's budget in the region: the key's effective limit
@@ -104,10 +124,87 @@ type MemoryStore struct {
 	slots   map[string]*slot
 	members map[string]map[string]int64 // region → instance → expiry (unix ns)
 	sets    map[string]map[string]int64 // concurrency slots: key → holder → expiry (unix ns)
+	marks   map[string]*storedMarks     // by markKey
 	err     error
 }
 
-var _ Store = (*MemoryStore)(nil)
+var (
+	_ Store     = (*MemoryStore)(nil)
+	_ MarkStore = (*MemoryStore)(nil)
+)
+
+// storedMarks is a record of MarkStore in memory.
+type storedMarks struct {
+	m    Marks
+	keys map[string]float64
+	end  int64 // unix ns: it expires then
+}
+
+func markKey(instance string, m *Marks) string {
+	return fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%d", instance, m.Domain, m.Limit, m.Period, m.Window)
+}
+
+// SaveMarks implements MarkStore.
+func (m *MemoryStore) SaveMarks(ctx context.Context, now time.Time, instance string, marks []Marks) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return m.err
+	}
+	t := now.UnixNano()
+	for k, r := range m.marks {
+		if r.end <= t {
+			delete(m.marks, k)
+		}
+	}
+	for i := range marks {
+		mk := &marks[i]
+		if mk.Period <= 0 {
+			continue
+		}
+		end := (mk.Window + 1) * int64(mk.Period)
+		if end <= t {
+			continue // expired already
+		}
+		if m.marks == nil {
+			m.marks = make(map[string]*storedMarks)
+		}
+		k := markKey(instance, mk)
+		r := m.marks[k]
+		if r == nil {
+			r = &storedMarks{keys: map[string]float64{}, end: end}
+			m.marks[k] = r
+		}
+		r.m = Marks{Domain: mk.Domain, Limit: mk.Limit, Period: mk.Period, Window: mk.Window, Low: mk.Low, Floor: mk.Floor}
+		for _, km := range mk.Keys {
+			r.keys[km.Key] = km.Mark
+		}
+	}
+	return nil
+}
+
+// LoadMarks implements MarkStore.
+func (m *MemoryStore) LoadMarks(ctx context.Context, instance string, want []Marks) ([]Marks, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return nil, m.err
+	}
+	var out []Marks
+	for i := range want {
+		r := m.marks[markKey(instance, &want[i])]
+		if r == nil {
+			continue
+		}
+		mk := r.m
+		for k, v := range r.keys {
+			mk.Keys = append(mk.Keys, KeyMark{Key: k, Mark: v})
+		}
+		slices.SortFunc(mk.Keys, func(a, b KeyMark) int { return cmp.Compare(a.Key, b.Key) })
+		out = append(out, mk)
+	}
+	return out, nil
+}
 
 // SetErr makes every later call fail with err, as an unreachable store
 // would; nil heals it.

@@ -10,3 +10,7 @@ import (
 func TestMemoryStore(t *testing.T) {
 	storetest.Run(t, &regional.MemoryStore{})
 }
+
+func TestMemoryMarkStore(t *testing.T) {
+	storetest.RunMarks(t, &regional.MemoryStore{})
+}
