@@ -26,6 +26,16 @@ type Options struct {
 	// the region's shared-mode slot is the sum over them. nil: this
 	// instance is its region's only one.
 	Counts regional.CountStore
+	// Marks, when set, is where the instance persists the counts of its
+	// long windows (regional.PersistOptions): New turns the engine's gate
+	// on, Restore takes what an earlier process of the instance saved,
+	// Persist saves. Set it only for an instance whose id is stable
+	// across restarts (its certificate's): a new id has nothing to
+	// restore. nil: no persistence, a restarted instance starts its
+	// windows with nothing.
+	Marks regional.MarkStore
+	// Persist configures the persistence (with Marks).
+	Persist regional.PersistOptions
 }
 
 // Node is one enforcer instance's core. Safe for concurrent use; the zero
@@ -34,6 +44,8 @@ type Node struct {
 	region, id string
 	e          *regional.Engine
 	counts     regional.CountStore
+	marks      regional.MarkStore
+	pmu        sync.Mutex // serialises Persist: snapshots are written in order
 
 	mu    sync.Mutex
 	links map[string]*coordinator.Instance // by domain; set by Link
@@ -56,9 +68,60 @@ func New(o Options) (*Node, error) {
 	if o.Engine == nil || o.Region == "" || o.Instance == "" {
 		return nil, errors.New("node: Engine, Region and Instance are required")
 	}
-	n := &Node{region: o.Region, id: o.Instance, e: o.Engine, counts: o.Counts}
+	if o.Marks != nil {
+		o.Engine.EnablePersistence(o.Persist)
+	}
+	n := &Node{region: o.Region, id: o.Instance, e: o.Engine, counts: o.Counts, marks: o.Marks}
 	n.skew.Store(-1)
 	return n, nil
+}
+
+// Restore takes, before the instance serves (and before Link's first
+// grant), the marks an earlier process of this instance persisted for
+// the windows in progress at now: their counts are spent, and the share
+// the coordinator's first grant puts before its since is the least one
+// in force before the restart. It returns how many limits it restored;
+// without Marks it does nothing. On an error nothing is restored: the
+// windows start with nothing, as without persistence.
+func (n *Node) Restore(ctx context.Context, now time.Time) (int, error) {
+	if n.marks == nil {
+		return 0, nil
+	}
+	want := n.e.Persisted(now)
+	if len(want) == 0 {
+		return 0, nil
+	}
+	got, err := n.marks.LoadMarks(ctx, n.id, want)
+	if err != nil {
+		return 0, fmt.Errorf("node: restore: %w", err)
+	}
+	return len(got), n.e.Restore(now, got)
+}
+
+// Persist writes the marks the engine asks for at now and, once written,
+// raises them (one persistence interval: call it every
+// PersistOptions.Interval). It returns how many keys' marks it wrote;
+// without Marks it does nothing. A failed write raises nothing: those
+// keys stay held at their marks and are written again next time.
+func (n *Node) Persist(ctx context.Context, now time.Time) (int, error) {
+	if n.marks == nil {
+		return 0, nil
+	}
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	snap := n.e.Snapshot(now)
+	if snap == nil {
+		return 0, nil
+	}
+	if err := n.marks.SaveMarks(ctx, now, n.id, snap.Marks); err != nil {
+		return 0, fmt.Errorf("node: persist: %w", err)
+	}
+	n.e.AckSnapshot(snap)
+	keys := 0
+	for _, m := range snap.Marks {
+		keys += len(m.Keys)
+	}
+	return keys, nil
 }
 
 // Engine returns the instance's engine.

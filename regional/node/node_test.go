@@ -255,3 +255,76 @@ func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
 		t.Fatalf("window guard %v within %v of the coordinator's clock, want %v", g, skew, node.WindowGuard)
 	}
 }
+
+// An instance that persists its long windows and restarts mid-window
+// (same id: its certificate's) restores its counts: the new process
+// admits what the old one left of its share, less at most a slack, and
+// never more. Without Marks it admits nothing in the window.
+func TestNodeRestoresItsLongWindows(t *testing.T) {
+	cfg := parse(t, "domain: api\nregions: [us]\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 100/1h, algorithm: sliding_window}\n")
+	start := t0.Add(time.Minute)
+	f, err := coordinator.NewFleet(start, coordinator.FleetConfig{Coordinator: coordinator.Config{Domain: cfg.Domain("api"), Term: 1, Period: time.Second}}, coordinator.Snapshot{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &regional.MemoryStore{}
+	life := func(now time.Time, marks regional.MarkStore) *node.Node {
+		n, err := node.New(node.Options{Region: "us", Instance: "us-1", Engine: regional.New(cfg, regional.Options{}), Marks: marks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Restore(context.Background(), now); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Link(now); err != nil {
+			t.Fatal(err)
+		}
+		hello, ws, err := n.Connect("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd, err := f.Attach(now, "us", "us-1", false, hello, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range rd.Send {
+			if _, _, err := n.Assign(now, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	// spend admits up to want, persisting every "interval", and returns
+	// what it admitted.
+	spend := func(n *node.Node, now time.Time, want int) int {
+		got, idle := 0, 0
+		for got < want && idle < 3 {
+			k := admitted(t, n.Engine(), now, want-got)
+			if got += k; k == 0 {
+				idle++
+			} else {
+				idle = 0
+			}
+			if _, err := n.Persist(context.Background(), now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	first := life(start, store)
+	if got := spend(first, start, 60); got != 60 {
+		t.Fatalf("the first life admitted %d of 60", got)
+	}
+	crash := start.Add(10 * time.Second)
+	f.Detach(crash, "us", "us-1")
+	second := life(crash, store)
+	after := spend(second, crash, 100)
+	t.Logf("admitted 60, then %d after the restart (slack 5)", after)
+	if after > 40 || after < 35 {
+		t.Fatalf("admitted %d after the restart, want 35..40 (100 - 60, less at most a slack)", after)
+	}
+	f.Detach(crash, "us", "us-1")
+	if got := spend(life(crash, nil), crash, 100); got != 0 {
+		t.Fatalf("without Marks: admitted %d after the restart, want 0", got)
+	}
+}
