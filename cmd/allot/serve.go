@@ -58,6 +58,8 @@ type regionFlags struct {
 	redisCluster bool
 	storeTimeout time.Duration
 	leaseTTL     time.Duration
+	persistEvery time.Duration
+	persistSlack float64
 	tls          tlsFlags
 	// anonymousRoles and grants decide callers' roles (--anonymous-roles,
 	// --grant-roles; docs/security.md, "Roles").
@@ -124,6 +126,8 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&f.storeTimeout, "store-timeout", regional.DefaultStoreTimeout, "deadline of each regional store call on the request path; past it, a limit's on_failure decides")
 	fs.StringVar(&f.advertise, "advertise", "", "gRPC address other processes reach this enforcer at, registered in etcd for allotctl and peers (default: the gRPC listen address; set it when listening on 0.0.0.0 or behind NAT)")
 	fs.StringVar(&f.advertiseWeb, "advertise-http", "", "HTTP address registered in etcd (default: the HTTP listen address)")
+	fs.DurationVar(&f.persistEvery, "persist-interval", regional.DefaultPersistInterval, "with --redis and a stable instance id (the TLS certificate's, or --instance): how often the counts of split-mode local sliding windows longer than a minute are persisted, so that a restart mid-window restores them; 0 turns it off (a restarted instance then admits nothing of such a window until the next)")
+	fs.Float64Var(&f.persistSlack, "persist-slack", regional.DefaultPersistSlack, "fraction of a key's allowance in the window that may be admitted beyond what is persisted (at least 1): lost at a restart")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", server.DefaultLeaseTTL, "how long a gateway (the Go SDK) may spend a Lease grant before its unused tokens come back; it also bounds how long a silent gateway is counted")
 	// viewer: a plain-text fleet's coordinators read the region's Usage
 	// and Status anonymously; over TLS, Admin needs a certificate anyway.
@@ -180,6 +184,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		name: f.region, cfg: cfg, grpcAddr: f.grpcAddr, httpAddr: f.httpAddr, advertise: f.advertise, advertiseHTTP: f.advertiseWeb, maxKeys: f.maxKeys,
 		coordinators: splitList(f.coordinators), instance: f.instance, store: store, follow: f.config == "", reportEvery: f.reportEvery, log: log,
 		redis: splitList(f.redis), redisCluster: f.redisCluster, storeTimeout: f.storeTimeout, leaseTTL: f.leaseTTL, peers: peers, sec: sec, authz: authz,
+		persistEvery: f.persistEvery, persistSlack: f.persistSlack,
 	})
 	if err != nil {
 		return err
@@ -226,6 +231,10 @@ type regionSpec struct {
 	peers                    map[string]string // other regions → gRPC address (peers.go)
 	sec                      linkSecurity      // TLS of the listeners and links (tls.go)
 	authz                    *tlsx.Policy      // callers' roles
+	// persistEvery and persistSlack configure the persistence of long
+	// windows (persist.go); 0: none.
+	persistEvery time.Duration
+	persistSlack float64
 }
 
 // regionNode is one region's running enforcer.
@@ -253,6 +262,9 @@ type regionNode struct {
 	// stopPeers ends the peers' streams this node serves, which would
 	// hold a graceful stop until its timeout (set by startPeers).
 	stopPeers func()
+	// stopPersist persists the long windows a last time and stops, before
+	// the instance gives its shares up (persist.go).
+	stopPersist func()
 }
 
 // startRegion serves one region: it listens, applies the persisted or
@@ -295,7 +307,13 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	inode, err := node.New(node.Options{Region: spec.name, Instance: cmp.Or(instance, coordclient.NewInstanceID()), Engine: engine, Counts: counts})
+	marks, closeMarks, err := persistMarks(spec, instance, log)
+	if err != nil {
+		return nil, err
+	}
+	stopRS = func(stop func()) func() { return func() { stop(); closeMarks() } }(stopRS)
+	inode, err := node.New(node.Options{Region: spec.name, Instance: cmp.Or(instance, coordclient.NewInstanceID()), Engine: engine, Counts: counts,
+		Marks: marks, Persist: regional.PersistOptions{Slack: spec.persistSlack, Interval: spec.persistEvery}})
 	if err != nil {
 		return nil, err
 	}
@@ -311,12 +329,18 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 				}
 				return -1
 			}))
+	// Before the first grant and before serving: /readyz is false until
+	// the counts of the windows in progress are restored.
+	restorePersisted(ctx, inode, log)
+	stopPersist := runPersist(inode, spec.persistEvery, log)
+	stopRS = func(stop func()) func() { return func() { stopPersist(); stop() } }(stopRS)
 	svc := server.New(engine, server.Options{Region: spec.name, Registry: reg, Logger: spec.log, Enforcer: enforcer, LeaseTTL: spec.leaseTTL, Authorization: spec.authz, Now: clock})
 	rctx, stopReservations := context.WithCancel(context.Background())
 	go svc.RunReservations(rctx, 0) // settles LLM token reservations past their TTL
 	stopRS = func(stop func()) func() { return func() { stopReservations(); stop() } }(stopRS)
 
-	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS, stopPeers: func() {}}
+	n := &regionNode{name: spec.name, svc: svc, errc: make(chan error, 2), stopLink: func() {}, linkDone: make(chan struct{}), stopRS: stopRS, stopPeers: func() {},
+		stopPersist: stopPersist}
 	close(n.linkDone)
 	// apply gives the region a new configuration; a coordinated region
 	// also rebuilds its assignment state (set below).
@@ -426,6 +450,7 @@ func (n *regionNode) stop() error {
 	case <-shut.Done():
 		n.gs.Stop()
 	}
+	n.stopPersist() // with the shares still held: the least share in force stays
 	if n.leave != nil {
 		n.leave() // no request is served any more
 	}
