@@ -135,4 +135,17 @@
 //	// from time to time:
 //	e.Sweep(now)
 //	e.SetShare(now, "api", "per-user", 0.4) // from the coordinator
+//
+// Split-mode local sliding windows longer than a minute may be persisted,
+// so that a restarted process of the same instance takes them up where it
+// left them (persist.go; docs/adr/0004-instances-in-the-cores.md,
+// decision 10). The driver, regional/node for allot regional:
+//
+//	e.EnablePersistence(regional.PersistOptions{}) // before any check
+//	marks, _ := store.LoadMarks(ctx, instance, e.Persisted(now))
+//	e.Restore(now, marks) // before the first grant and before serving
+//	// every persistence interval (1 s):
+//	if snap := e.Snapshot(now); snap != nil && store.SaveMarks(ctx, now, instance, snap.Marks) == nil {
+//		e.AckSnapshot(snap)
+//	}
 package regional

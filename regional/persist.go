@@ -43,9 +43,9 @@ type PersistOptions struct {
 	// nothing after a restart, as without persistence.
 	Above time.Duration
 	// Slack is the fraction f of a key's allowance in the window that a
-	// mark runs ahead of its count: a key may be admitted max(1, f ×
-	// allowance) beyond what its store holds, and that much is lost when
-	// the instance restarts. 0 means DefaultPersistSlack.
+	// mark runs ahead of its count: a key may be admitted max(1, ⌈f ×
+	// allowance⌉) beyond what its store holds (its slack), and that much
+	// is lost when the instance restarts. 0 means DefaultPersistSlack.
 	Slack float64
 	// Interval is how often the caller snapshots: a key held at its mark
 	// is told to retry after it. 0 means DefaultPersistInterval.

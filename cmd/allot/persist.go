@@ -48,7 +48,7 @@ func restorePersisted(ctx context.Context, n *node.Node, log *slog.Logger) {
 	k, err := n.Restore(rctx, n.Now(time.Now())) // engine time: the coordinator's, as measured (none yet at start)
 	switch {
 	case err != nil:
-		log.Warn("long windows not restored: they start with nothing", "instance", n.Instance(), "err", err)
+		log.Warn("long windows not (all) restored: those not restored start with nothing", "instance", n.Instance(), "restored", k, "err", err)
 	case k > 0:
 		log.Info("long windows restored", "instance", n.Instance(), "limits", k)
 	}

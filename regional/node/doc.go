@@ -11,8 +11,9 @@
 // regional/peersync (the Peer streams), and the simulator (sim/), which
 // runs one Node per instance on a virtual clock.
 //
-//	n, _ := node.New(node.Options{Region: "us-east", Instance: id, Engine: e, Counts: redisStore})
-//	n.Link(now) // every coordinated share is 0 until granted
+//	n, _ := node.New(node.Options{Region: "us-east", Instance: id, Engine: e, Counts: redisStore, Marks: redisStore})
+//	n.Restore(ctx, now) // with Marks, a stable id: the long windows in progress
+//	n.Link(now)         // every coordinated share is 0 until granted
 //	// on every (re)connect to a domain's coordinator:
 //	hello, weights, _ := n.Connect("api") // send them first
 //	// for every assignment received:
@@ -24,6 +25,8 @@
 //	// every peer tick:
 //	batches, _ := n.SyncOut(ctx, now) // to every peer
 //	resync, err := n.Inbound(now, src, batch) // from a peer
+//	// every persistence interval, with Marks:
+//	n.Persist(ctx, now)
 //	// on a graceful stop, once no request is served:
 //	for d, ack := range n.Leave(now) { send(d, ack) }
 package node

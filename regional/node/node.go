@@ -80,9 +80,10 @@ func New(o Options) (*Node, error) {
 // grant), the marks an earlier process of this instance persisted for
 // the windows in progress at now: their counts are spent, and the share
 // the coordinator's first grant puts before its since is the least one
-// in force before the restart. It returns how many limits it restored;
-// without Marks it does nothing. On an error nothing is restored: the
-// windows start with nothing, as without persistence.
+// in force before the restart. It returns how many limits' records it
+// found; without Marks it does nothing. When the store fails nothing is
+// restored: the windows start with nothing, as without persistence; an
+// error of the engine names the keys it left out, the rest restored.
 func (n *Node) Restore(ctx context.Context, now time.Time) (int, error) {
 	if n.marks == nil {
 		return 0, nil
@@ -95,7 +96,7 @@ func (n *Node) Restore(ctx context.Context, now time.Time) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("node: restore: %w", err)
 	}
-	return len(got), n.e.Restore(now, got)
+	return len(got), n.e.Restore(now, got) // an error names what it left out
 }
 
 // Persist writes the marks the engine asks for at now and, once written,
