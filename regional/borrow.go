@@ -83,6 +83,9 @@ func (t *table) noteRejected(items []Item, w *work, st *allot.LimitStatus) {
 	if st.Allowed || st.Shadow {
 		return
 	}
+	if w.p.cap > 0 && float64(st.Remaining) >= w.cost {
+		return // held at its persisted mark (persist.go), not out of allowance: a loan would not help
+	}
 	ss := w.ls.shares.sync.Load()
 	if ss == nil || !ss.borrow || ss.ps.table != t || len(ss.expected) == 0 || w.item >= len(items) {
 		return

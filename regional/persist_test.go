@@ -96,6 +96,15 @@ func TestPersistGateAdmitsWithinTheMark(t *testing.T) {
 	if total != 100 {
 		t.Fatalf("admitted %d in the window over many rounds, want 100", total)
 	}
+	// A new window (two on: the previous one's count no longer weighs)
+	// starts again at the slack, whatever the old marks.
+	next := th.Add(2*time.Hour + time.Minute)
+	if got := burst(t, e, next, "1", 20); got != 5 {
+		t.Fatalf("a new window: admitted %d before any snapshot, want 5", got)
+	}
+	if s := e.Snapshot(next); s == nil || s.Marks[0].Window != next.UnixNano()/int64(time.Hour) || s.Marks[0].Keys[0].Mark != 10 {
+		t.Fatalf("a new window's snapshot: %+v", s)
+	}
 }
 
 func TestPersistShortWindowsUnchanged(t *testing.T) {
@@ -269,4 +278,32 @@ func merge(stored, marks []Marks) []Marks {
 		}
 	}
 	return stored
+}
+
+// A key held at its mark is not out of allowance: it asks no peer for a
+// loan; one out of allowance still does.
+func TestPersistGateAsksNoLoan(t *testing.T) {
+	const cfg = "domain: api\nregions: [a, b]\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 100/1h, algorithm: sliding_window}\n"
+	asks := func(persist bool, n int) int {
+		e := New(mustConfig(t, cfg), Options{})
+		if persist {
+			e.EnablePersistence(PersistOptions{})
+		}
+		if err := e.SetPeers("a", []string{"b"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ResetShare("api", "per-user", 0.5, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		at := th.Add(time.Minute)
+		e.Heard(at, "b")
+		burst(t, e, at, "1", n)
+		return len(e.LoanAsks(at))
+	}
+	if got := asks(false, 60); got == 0 {
+		t.Fatal("a key out of allowance asked no loan: the test shows nothing")
+	}
+	if got := asks(true, 20); got != 0 {
+		t.Fatalf("a key held at its mark asked %d loans", got)
+	}
 }
