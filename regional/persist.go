@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot"
@@ -69,8 +70,10 @@ func (c *persistCfg) gated(w *work) bool {
 		l.Algorithm == allot.SlidingWindow && w.ls.base.period > c.above
 }
 
-// limitPersist is a persisted limit's state; its mu guards every field.
+// limitPersist is a persisted limit's state; its mu guards every field
+// but cur, which publishes win and floor to checks without the lock.
 type limitPersist struct {
+	cur   atomic.Pointer[floorState] // win and floor, replaced under mu
 	mu    sync.Mutex
 	win   int64   // the window floor counts in
 	floor float64 // the mark of a key without one of its own, in win: never lowered within it
@@ -84,12 +87,24 @@ type limitPersist struct {
 	rlow     float64
 }
 
+type floorState struct {
+	win   int64
+	floor float64
+}
+
+// publish makes win and floor those checks see. The caller holds mu.
+func (lp *limitPersist) publish() { lp.cur.Store(&floorState{win: lp.win, floor: lp.floor}) }
+
 // floorFor is the floor of window win, started at first at slack.
 func (lp *limitPersist) floorFor(win int64, slack float64) float64 {
+	if f := lp.cur.Load(); f != nil && f.win == win {
+		return f.floor
+	}
 	lp.mu.Lock()
 	defer lp.mu.Unlock()
 	if lp.win != win {
 		lp.win, lp.floor, lp.saved = win, slack, false
+		lp.publish()
 	}
 	return lp.floor
 }
@@ -387,6 +402,7 @@ func (e *Engine) AckSnapshot(snap *Snapshot) {
 		l.lp.mu.Lock()
 		if l.lp.win == l.win {
 			l.lp.floor = max(l.lp.floor, l.floor)
+			l.lp.publish()
 			l.lp.saved, l.lp.low = true, l.low
 		}
 		l.lp.mu.Unlock()
@@ -444,6 +460,7 @@ func (e *Engine) Restore(now time.Time, marks []Marks) error {
 		lp := ls.shares.persistOf()
 		lp.mu.Lock()
 		lp.win, lp.floor, lp.saved, lp.low = m.Window, max(1, m.Floor), true, m.Low
+		lp.publish()
 		lp.restored, lp.rwin, lp.rlow = true, m.Window, min(max(m.Low, 0), 1)
 		lp.mu.Unlock()
 		for _, k := range m.Keys {

@@ -1,6 +1,10 @@
 package regional
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,4 +310,88 @@ func TestPersistGateAsksNoLoan(t *testing.T) {
 	if got := asks(true, 20); got != 0 {
 		t.Fatalf("a key held at its mark asked %d loans", got)
 	}
+}
+
+// What the gate promises, under concurrent checks and snapshots, some
+// written without their acknowledgement (a reply lost) and some not
+// written at all: at every snapshot, and at the end, each key's count
+// is at most what the store holds for it (its mark, or the floor).
+func TestPersistCountsNeverExceedTheStore(t *testing.T) {
+	e := persisting(t, hourCfg)
+	at := th.Add(time.Minute)
+	const keys, workers, checks = 50, 4, 3000
+	var counts [keys]atomic.Int64
+	stop := make(chan struct{})
+	var stored []Marks
+	check := func() { // on the snapshots' goroutine, or after it ended
+		if len(stored) == 0 {
+			return
+		}
+		held := map[string]float64{}
+		for _, k := range stored[0].Keys {
+			held[k.Key] = k.Mark
+		}
+		for i := range keys {
+			name := fmt.Sprintf("per-user:user=%d", i)
+			// counts lag the engine's (a check is counted once it returns):
+			// what they say the engine counted at least.
+			if c := float64(counts[i].Load()); c > max(held[name], stored[0].Floor) {
+				t.Errorf("key %d counts %.0f, the store holds %.0f (floor %.0f)", i, c, held[name], stored[0].Floor)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	snaps := make(chan struct{})
+	go func() {
+		defer close(snaps)
+		r := rand.New(rand.NewPCG(1, 2))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			snap := e.Snapshot(at)
+			if snap == nil {
+				continue
+			}
+			switch r.IntN(4) {
+			case 0: // not written
+			case 1: // written, the reply lost
+				stored = merge(stored, snap.Marks)
+			default:
+				stored = merge(stored, snap.Marks)
+				e.AckSnapshot(snap)
+			}
+			check()
+		}
+	}()
+	for w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			var dec allot.Decision
+			for range checks {
+				k := r.IntN(keys)
+				if err := e.Check(at, "api", user(fmt.Sprint(k)), 1, &dec); err != nil {
+					t.Error(err)
+					return
+				}
+				if dec.Allowed {
+					counts[k].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-snaps
+	check()
+	total := int64(0)
+	for i := range keys {
+		total += counts[i].Load()
+	}
+	if total == 0 {
+		t.Fatal("nothing admitted")
+	}
+	t.Logf("admitted %d of %d checks over %d keys", total, workers*checks, keys)
 }
