@@ -34,7 +34,8 @@ type shard struct {
 	marks     map[uint64]*keyMark
 	dirty     map[uint64]*keyMark
 	marksNext int64
-	_         [64]byte // keep neighbouring shards' locks off one cache line
+
+	_ [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 type demand struct{ admitted, rejected float64 }
