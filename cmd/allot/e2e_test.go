@@ -128,6 +128,8 @@ func TestRunErrors(t *testing.T) {
 		{"regional", "--config", "x.yaml"},
 		{"regional", "--region", "r"},
 		{"regional", "--region", "r", "--config", "/does/not/exist.yaml"},
+		{"regional", "--region", "r", "--config", "../../deploy/examples/limits.yaml", "--persist-slack", "0"},
+		{"regional", "--region", "r", "--config", "../../deploy/examples/limits.yaml", "--persist-interval", "-1s"},
 		{"dev", "--log-level", "loud"},
 		{"check", "--count", "0"},
 		{"check", "--descriptor", "=x"},

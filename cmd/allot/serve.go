@@ -144,6 +144,9 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if f.config == "" && f.etcd == "" {
 		return errors.New("regional: --config or --etcd is required (allot dev runs the built-in example)")
 	}
+	if !(f.persistSlack > 0 && f.persistSlack <= 1) || f.persistEvery < 0 {
+		return fmt.Errorf("regional: --persist-slack %v, --persist-interval %v: want a slack in (0, 1] and an interval ≥ 0", f.persistSlack, f.persistEvery)
+	}
 	peers, err := parsePeers(*peerList, f.region)
 	if err != nil {
 		return fmt.Errorf("regional: %w", err)
