@@ -190,6 +190,9 @@ func (t *table) gate(w *work, items []Item, now int64, o op) {
 	sh := &t.shards[shardOf(w.key)]
 	km := sh.marks[w.key]
 	charges := w.cost > 0 && o != opRefund
+	if km == nil && charges && len(sh.marks) >= sh.max {
+		sh.evictMark()
+	}
 	if km == nil && charges && len(sh.marks) < sh.max {
 		if sh.marks == nil {
 			sh.marks, sh.dirty = make(map[uint64]*keyMark), make(map[uint64]*keyMark)
@@ -211,6 +214,24 @@ func (t *table) gate(w *work, items []Item, now int64, o op) {
 		}
 	}
 	w.p.cap, w.p.capRetry = ceil, c.interval
+}
+
+// evictMark drops, from a shard whose marks are at its bound, a mark
+// that nothing needs in memory: written (not dirty) and whose key's count
+// is in the table. The store keeps it; the key is held at the floor until
+// its next snapshot writes it again, at its count + slack. It looks at a
+// few marks at most; the caller holds the shard's lock.
+func (sh *shard) evictMark() {
+	n := 0
+	for k := range sh.marks {
+		if sh.dirty[k] == nil && sh.find(k) >= 0 {
+			delete(sh.marks, k)
+			return
+		}
+		if n++; n == 8 {
+			return
+		}
+	}
 }
 
 // restoreSlot charges a persisted key the table does not hold with what

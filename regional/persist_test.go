@@ -395,3 +395,42 @@ func TestPersistCountsNeverExceedTheStore(t *testing.T) {
 	}
 	t.Logf("admitted %d of %d checks over %d keys", total, workers*checks, keys)
 }
+
+// A key table at its bound: a persisted key evicted comes back at its
+// mark (its count is not forgotten), and a key without room for a mark
+// of its own is held at the floor.
+func TestPersistEvictedKeyComesBackAtItsMark(t *testing.T) {
+	e := New(mustConfig(t, hourCfg), Options{MaxKeys: numShards}) // one key a shard
+	e.EnablePersistence(PersistOptions{})
+	ls, _ := e.limitFor("api", "per-user", 0)
+	shardOfUser := func(id string) int {
+		h, err := e.keyOf(ls, "per-user:user="+id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return shardOf(h)
+	}
+	a, b := "1", ""
+	for i := 2; b == ""; i++ {
+		if id := fmt.Sprint(i); shardOfUser(id) == shardOfUser(a) {
+			b = id
+		}
+	}
+	at := th.Add(time.Minute)
+	got := 0
+	for range 4 {
+		n, _ := persistRound(t, e, at, a, 5)
+		got += n
+	}
+	if got != 20 {
+		t.Fatalf("key a admitted %d, want 20", got)
+	}
+	// b takes a's slot; a's mark stays (its count is not in the table).
+	if got := drain(t, e, at, b); got != 5 {
+		t.Fatalf("key b, without room for a mark: admitted %d, want the floor of 5", got)
+	}
+	// a comes back at its mark (20 + 5): 75 more at most.
+	if got := drain(t, e, at, a); got != 75 {
+		t.Fatalf("key a after its eviction: admitted %d more, want 100 - 25 = 75", got)
+	}
+}
