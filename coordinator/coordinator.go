@@ -47,6 +47,12 @@ type Config struct {
 	MaxStep float64
 	// MaxHotKeys bounds the hot keys tracked over all limits (default 2^20).
 	MaxHotKeys int
+	// GoneHold is how long a region that the snapshot's records name but
+	// the domain no longer lists is counted as still applying what they
+	// hold (0: not at all): its enforcers go on enforcing their last
+	// shares until their grants expire, so no other region may be raised
+	// into them before. A Fleet sets it to its grant TTL + tolerated skew.
+	GoneHold time.Duration
 }
 
 // Coordinator is the rebalancing state machine of one domain's leader. It
@@ -78,6 +84,11 @@ type Coordinator struct {
 	next    time.Time   // of the next rebalance
 	hotKeys int
 	stats   Stats
+	// gone holds, by limit, what regions no longer configured may still
+	// apply of any of its vectors, until goneUntil (Config.GoneHold).
+	gone      map[string]float64
+	goneOf    map[string]float64 // by limit + "\x00" + region
+	goneUntil time.Time
 
 	// Scratch space of pass, by region.
 	vec    Vector
@@ -244,8 +255,19 @@ func (c *Coordinator) restore(now time.Time, rec Record) error {
 	}
 	for _, cl := range rec.Cells {
 		r, ok := c.regionOf[cl.Region]
-		if !ok {
-			continue // a region no longer configured
+		if !ok { // a region no longer configured: held until GoneHold has passed
+			if c.cfg.GoneHold > 0 && cl.Bound >= 0 && cl.Bound <= 1 {
+				h := max(cl.Bound, 0)
+				if cl.Share != Follow && cl.Share >= 0 && cl.Share <= 1 {
+					h = max(h, cl.Share)
+				}
+				if c.gone == nil {
+					c.gone, c.goneOf = map[string]float64{}, map[string]float64{}
+				}
+				c.goneRegion(rec.Limit, cl.Region, h)
+				c.goneUntil = now.Add(c.cfg.GoneHold)
+			}
+			continue
 		}
 		if !validShare(cl.Share, rec.Key) || !(cl.Bound >= 0 && cl.Bound <= 1) {
 			return fmt.Errorf("%w: record of %s %q: region %s: share %v, bound %v", ErrBadConfig, rec.Limit, rec.Key, cl.Region, cl.Share, cl.Bound)
@@ -264,6 +286,30 @@ func (c *Coordinator) restore(now time.Time, rec Record) error {
 		}
 	}
 	return nil
+}
+
+// goneRegion counts h as what gone region may apply of limit's vectors:
+// the most of its default and its keys (a key that follows the default
+// applies the default's).
+func (c *Coordinator) goneRegion(limit, region string, h float64) {
+	id := limit + "\x00" + region
+	c.goneOf[id] = max(c.goneOf[id], h)
+	sum := 0.0
+	for k, v := range c.goneOf {
+		if strings.HasPrefix(k, limit+"\x00") {
+			sum += v
+		}
+	}
+	c.gone[limit] = sum
+}
+
+// reserved is what regions no longer configured may still apply of a
+// vector of limit at now.
+func (c *Coordinator) reserved(limit string, now time.Time) float64 {
+	if c.gone == nil || !now.Before(c.goneUntil) {
+		return 0
+	}
+	return c.gone[limit]
 }
 
 func validShare(v float64, key string) bool {
@@ -468,6 +514,7 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 	t := tally{pending: make([]int, n), dirty: make([]bool, n)}
 	hot := now.UnixNano() - int64(c.cfg.HotTTL)
 	for _, ls := range c.limits {
+		reserved := c.reserved(ls.name, now)
 		if acked >= 0 {
 			ls.def[acked].confirm()
 		}
@@ -492,7 +539,7 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 			case rebalance:
 				c.retarget(ls, cs, ls.def)
 			}
-			free := grant(cs, c.defb, c.cfg.Hysteresis, nil)
+			free := grant(cs, c.defb, c.cfg.Hysteresis, reserved, nil)
 			if expired && retired(cs) {
 				if ls.keys[i].recorded {
 					rd.Persist = append(rd.Persist, Record{Limit: ls.name, Key: ls.keys[i].name})
@@ -507,7 +554,7 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 			t.add(cs)
 			i++
 		}
-		grant(ls.def, nil, c.cfg.Hysteresis, c.clip)
+		grant(ls.def, nil, c.cfg.Hysteresis, reserved, c.clip)
 		t.add(ls.def)
 	}
 
@@ -653,8 +700,8 @@ func slack(x *cell, d float32) float64 { return max(float64(x.bound)-float64(d),
 // what is held already if the raise would be smaller than minStep;
 // following the default again is all or nothing. clip, if not nil, caps
 // the raises of each region, and forbids any rise where it returns < 0.
-func grant(cs []cell, defb []float32, minStep float64, clip func(r int, give float64) float64) float64 {
-	free, asked := 1.0, 0.0
+func grant(cs []cell, defb []float32, minStep, reserved float64, clip func(r int, give float64) float64) float64 {
+	free, asked := 1.0-reserved, 0.0
 	for r := range cs {
 		free -= float64(cs[r].held(at(defb, r)))
 	}

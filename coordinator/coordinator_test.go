@@ -264,3 +264,58 @@ func TestNewErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedRegionKeepsItsShare: a configuration that drops eu leaves its
+// enforcers enforcing their last share until their grants expire, so the
+// new term counts what eu held as taken until GoneHold has passed: us and
+// ap are raised into it only then.
+func TestRemovedRegionKeepsItsShare(t *testing.T) {
+	cl := newCluster(t, threeRegions, Config{})
+	for range 6 { // eu wants most: it holds most
+		cl.second([]float64{10, 40, 10}, nil)
+	}
+	euHeld := cl.share(cl.region("eu"), "")
+	if euHeld < 0.2 {
+		t.Fatalf("eu holds %v before the change", euHeld)
+	}
+	d := mustDomain(t, "domain: api\nregions: [us, ap]\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 100/1s, floors: {us: 0.05, ap: 0.05}}\n")
+	const hold = time.Minute
+	c, err := New(cl.now, Config{Domain: d, Term: cl.store.term + 1, GoneHold: hold}, cl.store.snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, start := cl.now, cl.now
+	applied := map[string]float64{}
+	for s := range 80 {
+		now = now.Add(time.Second)
+		for _, r := range d.Regions {
+			if _, err := c.Step(now, Report{Domain: "api", Region: r, At: now, Limits: []LimitDemand{{Limit: "per-user", Admitted: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for rd := c.Tick(now); len(rd.Send) > 0; {
+			var next Ready
+			for _, a := range rd.Send {
+				for _, sh := range a.Shares {
+					if sh.Key == "" {
+						applied[a.Region] = sh.Value
+					}
+				}
+				got, err := c.Step(now, Ack{Domain: "api", Region: a.Region, Term: a.Term, Version: a.Version})
+				if err != nil {
+					t.Fatal(err)
+				}
+				next.Send = append(next.Send, got.Send...)
+			}
+			rd = next
+		}
+		sum := applied["us"] + applied["ap"]
+		switch inHold := now.Sub(start) < hold; {
+		case inHold && sum > 1-euHeld+1e-6:
+			t.Fatalf("%ds after eu was removed: us + ap apply %.4f, above 1 − eu's %.4f", s+1, sum, euHeld)
+		case !inHold && s == 79 && sum < 0.9:
+			t.Fatalf("after the hold us + ap apply %.4f, want the whole limit back", sum)
+		}
+	}
+	t.Logf("eu held %.4f; us + ap apply %.4f after the hold", euHeld, applied["us"]+applied["ap"])
+}

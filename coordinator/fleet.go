@@ -296,15 +296,18 @@ type keyRate struct {
 // its instances, what they hold and what they acked of their grants are
 // carried over, so the new term needs no quiet period.
 func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Fleet, error) {
-	co, err := New(now, cfg.Coordinator, snap)
-	if err != nil {
-		return nil, err
-	}
 	if cfg.GrantTTL < 0 || cfg.MaxSkew < 0 {
 		return nil, fmt.Errorf("%w: negative grant TTL or skew", ErrBadConfig)
 	}
 	cfg.GrantTTL = cmp.Or(cfg.GrantTTL, DefaultGrantTTL)
 	cfg.MaxSkew = cmp.Or(cfg.MaxSkew, DefaultMaxSkew)
+	// A region the configuration no longer lists keeps what it held until
+	// its instances' grants have expired.
+	cfg.Coordinator.GoneHold = cmp.Or(cfg.Coordinator.GoneHold, cfg.GrantTTL+cfg.MaxSkew)
+	co, err := New(now, cfg.Coordinator, snap)
+	if err != nil {
+		return nil, err
+	}
 	d := cfg.Coordinator.Domain
 	f := &Fleet{cfg: cfg, co: co, dom: d, regionOf: map[string]int{}}
 	for _, l := range d.Limits {
@@ -914,7 +917,7 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 		if retarget {
 			divide(cs, fr.state, fr.demand, 1, fr.want)
 		}
-		grant(cs, nil, weightHysteresis/2, noRaise)
+		grant(cs, nil, weightHysteresis/2, 0, noRaise)
 		for i, in := range fr.insts {
 			in.w[j] = cs[i]
 		}
@@ -1057,7 +1060,7 @@ func (f *Fleet) moveKeys(now time.Time, fr *fleetRegion, retarget bool, only *fl
 			}
 			// The rest factor takes its part of the vector.
 			cs = append(cs, cell{share: k.rest.bound, bound: k.rest.bound, target: k.rest.bound})
-			grant(cs, nil, weightHysteresis/2, clip)
+			grant(cs, nil, weightHysteresis/2, 0, clip)
 			cs = cs[:len(cs)-1]
 		} else {
 			// Each follows its weight for the limit (scaled to fit within
