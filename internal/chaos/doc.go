@@ -5,12 +5,11 @@
 // each Redis; a load client that logs every decision; a chaos schedule;
 // and a checker that reads the logs.
 //
-// With ALLOT_CHAOS_TLS set, every link runs mutual TLS, as the local
-// cluster does by default (its throwaway CA and a certificate per
-// process); the proxies pass TLS through, and the load client and the
-// scrapes present the cluster's operator certificate and verify the
-// processes against its CA. Without it (go test's default, see
-// chaos_test.go for why) the cluster runs plain text on loopback.
+// Every link runs mutual TLS, as the local cluster does by default (its
+// throwaway CA and a certificate per process); the proxies pass TLS
+// through, and the load client and the scrapes present the cluster's
+// operator certificate and verify the processes against its CA. With
+// ALLOT_CHAOS_TLS=0 the cluster runs plain text on loopback.
 //
 // Run (scenario.go) drives it: the load (load.go) sends checks of a
 // split-mode exact limit, a split-mode leased limit and a shared-mode
