@@ -215,6 +215,11 @@ func TestClusterStartStop(t *testing.T) {
 	}
 	loaded.StopAll(5 * time.Second)
 	for _, p := range c.Procs {
+		// c started them: it sees one end once it has reaped it, a moment
+		// after the loaded cluster saw the process gone.
+		for deadline := time.Now().Add(5 * time.Second); c.Running(p) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
 		if c.Running(p) {
 			t.Errorf("%s (pid %d) still runs after StopAll", p.Name, pids[p.Name])
 		}
