@@ -67,7 +67,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
-	etcdTLS, err := f.tls.etcdTLS(log)
+	etcdTLS, etcdDial, err := f.tls.etcdTLS(log)
 	if err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
@@ -76,7 +76,8 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(f.etcd, ","), DialTimeout: 5 * time.Second, TLS: etcdTLS})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(f.etcd, ","), DialTimeout: 5 * time.Second, TLS: etcdTLS,
+		DialOptions: etcdDial}) // each connection verified against the CA bundle in force then
 	if err != nil {
 		return fmt.Errorf("coordinator: etcd: %w", err)
 	}

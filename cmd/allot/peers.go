@@ -42,7 +42,7 @@ func peerCounts(spec regionSpec, log *slog.Logger) (regional.CountStore, func(),
 		return nil, func() {}, nil
 	}
 	rs, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
-		TLS: spec.sec.redis, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
+		TLS: spec.sec.redis, TLSFor: spec.sec.redisFor, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
 		Prefix: redisstore.DefaultPrefix + spec.name + ":counts:", Logger: log})
 	if err != nil {
 		return nil, nil, err

@@ -30,7 +30,7 @@ func persistMarks(spec regionSpec, instance string, log *slog.Logger) (regional.
 		return nil, func() {}, nil
 	}
 	rs, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
-		TLS: spec.sec.redis, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
+		TLS: spec.sec.redis, TLSFor: spec.sec.redisFor, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
 		Prefix: redisstore.DefaultPrefix + spec.name + ":", Logger: log})
 	if err != nil {
 		return nil, nil, err

@@ -165,7 +165,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	var store *etcdstore.Store
 	if f.etcd != "" {
-		cli, err := etcdClient(f.etcd, sec.etcd)
+		cli, err := etcdClient(f.etcd, sec.etcd, sec.etcdDial...)
 		if err != nil {
 			return err
 		}
@@ -480,7 +480,7 @@ func startRegionalStore(ctx context.Context, spec regionSpec, engine *regional.E
 	}
 	redis.SetLogger(redisLog{log}) // go-redis logs each failed dial: debug, not stderr
 	store, err := redisstore.New(redisstore.Options{Addrs: spec.redis, Cluster: spec.redisCluster,
-		TLS: spec.sec.redis, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
+		TLS: spec.sec.redis, TLSFor: spec.sec.redisFor, Username: spec.sec.redisUser, Password: spec.sec.redisPassword,
 		Prefix: redisstore.DefaultPrefix + spec.name + ":", Registry: reg, Logger: log})
 	if err != nil {
 		return nil, nil, err
@@ -578,8 +578,12 @@ func printRegion(w io.Writer, n *regionNode, cfg *allot.Config) {
 
 // etcdClient connects to etcd at endpoints, with TLS when tlsCfg is set
 // (its client certificate read at every handshake).
-func etcdClient(endpoints string, tlsCfg *tls.Config) (*clientv3.Client, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: splitList(endpoints), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: tlsCfg})
+// etcdClient is a client of the etcd at endpoints; dial, when given (the
+// links' etcdDial), makes each connection TLS with the CA bundle and
+// certificate in force then, after tlsCfg's credentials (the last wins).
+func etcdClient(endpoints string, tlsCfg *tls.Config, dial ...grpc.DialOption) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: splitList(endpoints), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: tlsCfg,
+		DialOptions: dial})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", endpoints, err)
 	}

@@ -64,13 +64,28 @@ func (f *tlsFlags) load(log *slog.Logger) (security, error) {
 	return security{src: src, insecure: f.Insecure, serverName: f.ServerName}, nil
 }
 
-// etcdTLS is the etcd client's TLS configuration; nil: plain text.
-func (f *tlsFlags) etcdTLS(log *slog.Logger) (*tls.Config, error) {
+// etcdTLS is the etcd client's TLS configuration (nil: plain text) and
+// the dial options that verify each connection against the CA bundle in
+// force when it is made.
+func (f *tlsFlags) etcdTLS(log *slog.Logger) (*tls.Config, []grpc.DialOption, error) {
 	src, err := f.etcd.Source(log)
 	if err != nil {
-		return nil, fmt.Errorf("etcd: %w", err)
+		return nil, nil, fmt.Errorf("etcd: %w", err)
 	}
-	return src.ClientConfig(f.etcd.ServerName), nil
+	if src == nil {
+		return nil, nil, nil
+	}
+	return src.ClientConfig(f.etcd.ServerName), []grpc.DialOption{src.DialOption(f.etcd.ServerName)}, nil
+}
+
+// redisFor gives each Redis connection its TLS configuration at dial time
+// (nil: plain text).
+func (f *tlsFlags) redisFor(log *slog.Logger) (func(host string) *tls.Config, error) {
+	src, err := f.redis.Source(log)
+	if err != nil || src == nil {
+		return nil, err
+	}
+	return func(string) *tls.Config { return src.ClientConfig(f.redis.ServerName) }, nil
 }
 
 // redisAuth are the Redis client's TLS configuration (nil: plain text),
@@ -188,6 +203,11 @@ type linkSecurity struct {
 	etcd                     *tls.Config // nil: plain text
 	redis                    *tls.Config // nil: plain text
 	redisUser, redisPassword string
+	// etcdDial and redisFor give each connection to etcd or Redis the CA
+	// bundle and certificate in force when it is made (nil: plain text),
+	// so that a rotated CA reaches the long-lived clients.
+	etcdDial []grpc.DialOption
+	redisFor func(host string) *tls.Config
 }
 
 // regionLinks loads the TLS of allot regional and its links, and checks
@@ -198,10 +218,13 @@ func (f *regionFlags) regionLinks(log *slog.Logger, peers map[string]string) (li
 	if l.security, err = f.tls.load(log); err != nil {
 		return l, fmt.Errorf("regional: %w", err)
 	}
-	if l.etcd, err = f.tls.etcdTLS(log); err != nil {
+	if l.etcd, l.etcdDial, err = f.tls.etcdTLS(log); err != nil {
 		return l, fmt.Errorf("regional: %w", err)
 	}
 	if l.redis, l.redisUser, l.redisPassword, err = f.tls.redisAuth(log); err != nil {
+		return l, fmt.Errorf("regional: %w", err)
+	}
+	if l.redisFor, err = f.tls.redisFor(log); err != nil {
 		return l, fmt.Errorf("regional: %w", err)
 	}
 	// The links in plain text: a process without TLS reaches loopback

@@ -2,6 +2,9 @@ package redisstore_test
 
 import (
 	"context"
+	"crypto/tls"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,4 +58,53 @@ func TestStoreContractTLSAndACL(t *testing.T) {
 	noCert := opts
 	noCert.TLS = anonymous.ClientConfig("")
 	refused("TLS without a client certificate", noCert, "")
+}
+
+// TestTLSForFollowsARotatedCA: a store given TLSFor verifies each new
+// connection against the CA bundle in force when it dials, so a CA that
+// reaches the client's bundle after the store was made is trusted from
+// then on (with TLS, the bundle of the store's creation stays).
+func TestTLSForFollowsARotatedCA(t *testing.T) {
+	pki, other := testpki.New(t), testpki.New(t)
+	srvFiles := pki.Issue(t, "redis", testpki.Leaf{IPs: testpki.Loopback})
+	files := pki.Issue(t, "enforcer", testpki.Leaf{URIs: []string{"spiffe://allot/region/us-east/instance/i1"}})
+	serverCli, err := tlsx.NewSource(tlsx.Files(files), tlsx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.StartSecure(t, redistest.Secure{CertFile: srvFiles.Cert, KeyFile: srvFiles.Key, CAFile: pki.CAFile, Client: serverCli.ClientConfig("")})
+	// The client trusts another CA at first: the server's is not in its bundle.
+	caFile := filepath.Join(t.TempDir(), "bundle.crt")
+	copyFile := func(from string) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(other.CAFile)
+	src, err := tlsx.NewSource(tlsx.Files{Cert: files.Cert, Key: files.Key, CA: caFile}, tlsx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	static := newStore(t, redisstore.Options{Addrs: []string{srv.Addr}, TLS: src.ClientConfig("")})
+	dynamic := newStore(t, redisstore.Options{Addrs: []string{srv.Addr}, TLSFor: func(string) *tls.Config { return src.ClientConfig("") }})
+	ping := func(s *redisstore.Store) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		return s.Ping(ctx)
+	}
+	if ping(dynamic) == nil || ping(static) == nil {
+		t.Fatal("a server of a CA the client does not trust was accepted")
+	}
+	copyFile(pki.CAFile) // the rotation reaches the client's bundle
+	if err := src.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the store with TLSFor trusts the new bundle", func() bool { return ping(dynamic) == nil })
+	if err := ping(static); err == nil {
+		t.Fatal("the store with a fixed TLS configuration followed the rotation too: the test proves nothing")
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,6 +91,11 @@ type Options struct {
 	// with --tls-port; with a client certificate for --tls-auth-clients);
 	// nil means plain text.
 	TLS *tls.Config
+	// TLSFor, when set, gives each new connection its TLS configuration at
+	// dial time, for the host it dials, instead of TLS: the CA bundle and
+	// certificate in force then (a rotated CA reaches a long-lived
+	// store). It takes precedence over TLS.
+	TLSFor func(host string) *tls.Config
 	// Username and Password authenticate every connection (AUTH): an ACL
 	// user, or only Password for requirepass. Empty: no AUTH.
 	Username, Password string
@@ -111,6 +117,33 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Logger receives breaker transitions; nil discards.
 	Logger *slog.Logger
+}
+
+// tlsDialer dials TCP, then TLS with the configuration cfg gives for the
+// host at this dial.
+func tlsDialer(cfg func(host string) *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		var d net.Dialer
+		raw, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c := cfg(host)
+		if c.ServerName == "" {
+			c = c.Clone()
+			c.ServerName = host
+		}
+		conn := tls.Client(raw, c)
+		if err := conn.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, err
+		}
+		return conn, nil
+	}
 }
 
 // Store keeps the buckets of leased and exact limits, and the region's
@@ -165,11 +198,15 @@ func New(opts Options) (*Store, error) {
 	}
 	// A call's deadline is its socket deadline, and nothing retries: a
 	// retry would miss the deadline anyway, and the breaker decides.
+	var dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	if opts.TLSFor != nil {
+		opts.TLS, dialer = nil, tlsDialer(opts.TLSFor)
+	}
 	var client redis.UniversalClient
 	if opts.Cluster {
 		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: opts.Addrs, ContextTimeoutEnabled: true, MaxRetries: -1,
-			TLSConfig: opts.TLS, Username: opts.Username, Password: opts.Password,
+			TLSConfig: opts.TLS, Dialer: dialer, Username: opts.Username, Password: opts.Password,
 			DialTimeout: time.Second, DialerRetries: 1, ReadTimeout: time.Second, WriteTimeout: time.Second,
 			// Slots move when a replica takes over a dead primary; a
 			// connection error does not say so, a reload does.
@@ -178,7 +215,7 @@ func New(opts Options) (*Store, error) {
 	} else {
 		client = redis.NewClient(&redis.Options{
 			Addr: opts.Addrs[0], ContextTimeoutEnabled: true, MaxRetries: -1,
-			TLSConfig: opts.TLS, Username: opts.Username, Password: opts.Password,
+			TLSConfig: opts.TLS, Dialer: dialer, Username: opts.Username, Password: opts.Password,
 			DialTimeout: time.Second, DialerRetries: 1, ReadTimeout: time.Second, WriteTimeout: time.Second,
 		})
 	}
