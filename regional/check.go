@@ -385,7 +385,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 			return &sh.slots[i]
 		}
 		scratch = slot{key: w.key}
-		t.freshSlot(&scratch, w, t.sharedOf(w), now)
+		t.freshSlot(&scratch, w, t.sharedOf(w) != nil, now)
 		return &scratch
 	}
 
@@ -465,10 +465,13 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
 }
 
-// sharedOf reports whether w is a shared-mode work of this table.
-func (t *table) sharedOf(w *work) bool {
-	ss := w.ls.shares.sync.Load()
-	return ss != nil && ss.shared && ss.ps.table == t
+// sharedOf returns w's link to other regions when w is a shared-mode
+// work of this table, else nil.
+func (t *table) sharedOf(w *work) *limitSync {
+	if ss := w.ls.shares.sync.Load(); ss != nil && ss.shared && ss.ps.table == t {
+		return ss
+	}
+	return nil
 }
 
 // readOnly reports whether w leaves its key as a fresh key would be if
@@ -483,8 +486,8 @@ func (t *table) readOnly(w *work, o op) bool {
 	if w.cost != 0 && o != opRefund {
 		return false
 	}
-	ss := w.ls.shares.sync.Load()
-	if ss == nil || !ss.shared || ss.ps.table != t {
+	ss := t.sharedOf(w)
+	if ss == nil {
 		return true
 	}
 	sk := ss.ps.side[shardOf(w.key)].shared[w.key]

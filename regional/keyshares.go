@@ -58,7 +58,14 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 		}
 		m[hs[i]] = &keyShare{name: s.Key, hist: prev.with(t, s.Share, ls.windowPer(), g)}
 	}
+	if ls.shares.following > 0 { // m is this call's own copy: drop the ones retired long enough
+		for h, ks := range m {
+			if ks.follow && ks.until <= t {
+				delete(m, h)
+				ls.shares.following--
+			}
+		}
+	}
 	ls.shares.keys.Store(&m)
-	ls.follow(func(ks *keyShare) *shareHist { return ks.hist }, t) // drops the ones retired long enough
 	return nil
 }

@@ -78,32 +78,26 @@ func (f *tlsFlags) etcdTLS(log *slog.Logger) (*tls.Config, []grpc.DialOption, er
 	return src.ClientConfig(f.etcd.ServerName), []grpc.DialOption{src.DialOption(f.etcd.ServerName)}, nil
 }
 
-// redisFor gives each Redis connection its TLS configuration at dial time
-// (nil: plain text).
-func (f *tlsFlags) redisFor(log *slog.Logger) (func(host string) *tls.Config, error) {
-	src, err := f.redis.Source(log)
-	if err != nil || src == nil {
-		return nil, err
-	}
-	return func(string) *tls.Config { return src.ClientConfig(f.redis.ServerName) }, nil
-}
-
 // redisAuth are the Redis client's TLS configuration (nil: plain text),
-// user and password.
-func (f *tlsFlags) redisAuth(log *slog.Logger) (cfg *tls.Config, user, password string, err error) {
+// the function that gives each connection its configuration at dial time
+// (nil: plain text), user and password.
+func (f *tlsFlags) redisAuth(log *slog.Logger) (cfg *tls.Config, cfgFor func(host string) *tls.Config, user, password string, err error) {
 	src, err := f.redis.Source(log)
 	if err != nil {
-		return nil, "", "", fmt.Errorf("redis: %w", err)
+		return nil, nil, "", "", fmt.Errorf("redis: %w", err)
 	}
 	password = os.Getenv("ALLOT_REDIS_PASSWORD")
 	if f.redisPasswordFile != "" {
 		b, err := os.ReadFile(f.redisPasswordFile)
 		if err != nil {
-			return nil, "", "", fmt.Errorf("--redis-password-file: %w", err)
+			return nil, nil, "", "", fmt.Errorf("--redis-password-file: %w", err)
 		}
 		password = strings.TrimRight(string(b), "\r\n")
 	}
-	return src.ClientConfig(f.redis.ServerName), f.redisUser, password, nil
+	if src != nil {
+		cfgFor = func(string) *tls.Config { return src.ClientConfig(f.redis.ServerName) }
+	}
+	return src.ClientConfig(f.redis.ServerName), cfgFor, f.redisUser, password, nil
 }
 
 // listen listens on addr for what ("grpc", "http", ...): TLS is served on
@@ -221,10 +215,7 @@ func (f *regionFlags) regionLinks(log *slog.Logger, peers map[string]string) (li
 	if l.etcd, l.etcdDial, err = f.tls.etcdTLS(log); err != nil {
 		return l, fmt.Errorf("regional: %w", err)
 	}
-	if l.redis, l.redisUser, l.redisPassword, err = f.tls.redisAuth(log); err != nil {
-		return l, fmt.Errorf("regional: %w", err)
-	}
-	if l.redisFor, err = f.tls.redisFor(log); err != nil {
+	if l.redis, l.redisFor, l.redisUser, l.redisPassword, err = f.tls.redisAuth(log); err != nil {
 		return l, fmt.Errorf("regional: %w", err)
 	}
 	// The links in plain text: a process without TLS reaches loopback
