@@ -23,17 +23,24 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // above 1) — for the limit's default and for a hot key that is promoted
 // and retired. Between rebalances, instances restart (a new engine that
 // holds its share from its grant on), keys are swept and made again,
-// peers lend to each other, and windows last up to a thousand rebalance
-// periods. The oracle sums admissions over every instance in true time:
-// for a sliding window, at most L in each aligned window; for a token
-// bucket or GCRA, at most B + r·T over every interval T.
+// peers lend to each other, the limit's L (and a bucket's burst) is
+// lowered or raised, reaching each instance at its own time within a
+// rebalance period, and windows last up to a thousand rebalance periods.
+// The oracle sums admissions over every instance in true time: for a
+// sliding window, at most L in each aligned window, L being the larger
+// of the limits in force somewhere during the window; for a token bucket
+// or GCRA, at most B + r·T over every interval T, with B the largest
+// burst in force just before the interval plus what raises of the burst
+// within it add (a raised burst's difference is there at once, at the
+// holder's share), and r·T the refill at the largest rate in force at
+// each instant.
 //
-// Not covered here (open): clock skew between regions, a limit lowered
-// or a region removed from the configuration mid-window, and keys
-// evicted while active (MaxKeys pressure).
+// Not covered here (open): clock skew between regions, a region removed
+// from the configuration (the coordinator's part: TestRemovedRegionKeepsItsShare),
+// and keys evicted while active (MaxKeys pressure).
 func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 	runs := *admissionRuns
-	var events [6]int
+	var events [7]int
 	start := time.Now()
 	for seed := range uint64(runs) {
 		d := &draw{rand.New(rand.NewPCG(seed, 0x616c6c6f74))}
@@ -47,8 +54,8 @@ func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 			events[k] += n
 		}
 	}
-	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited",
-		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5])
+	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes",
+		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6])
 }
 
 // draw draws a run's choices from a seeded source.
@@ -62,15 +69,19 @@ func (d *draw) bool() bool                   { return d.r.IntN(2) == 0 }
 type admissionHolder struct {
 	region string
 	e      *Engine
-	def    float64 // the default share in force
-	key    float64 // the hot key's own share in force, when own
-	own    bool    // the hot key has a share of its own here
+	cfg    *allot.Config // the configuration it enforces
+	burst  float64       // its burst
+	ver    int           // its configuration's version
+	def    float64       // the default share in force
+	key    float64       // the hot key's own share in force, when own
+	own    bool          // the hot key has a share of its own here
 }
 
 type admission struct {
 	at   int64
 	user int
 	cost float64
+	h    *admissionHolder
 }
 
 // pendingRaise is a raise the model coordinator sends once every
@@ -86,23 +97,56 @@ type pendingRaise struct {
 type admissionRun struct {
 	cfg      *allot.Config
 	alg      allot.Algorithm
-	amount   float64
+	amount   float64 // L at the start; configs can change it
 	burst    float64
+	limits   []limitEpoch // every (amount, burst) a holder put in force, by time
+	pending  []pendingConfig
 	period   int64
 	rebal    int64 // the longest time between two steps
 	regions  []string
 	holders  []*admissionHolder
 	peers    bool
 	steps    int
-	guard    time.Duration // every engine's window guard (0: none)
+	trace    func(format string, args ...any) // when set, told every event (debugging a seed)
+	guard    time.Duration                    // every engine's window guard (0: none)
 	now      int64
 	raises   []pendingRaise
 	admitted []admission
-	events   [6]int
+	events   [7]int
 	dec      allot.Decision
 }
 
 const hotUser = 1
+
+// limitEpoch is a limit's amount and burst in force at one holder from at.
+type limitEpoch struct {
+	at            int64
+	h             int
+	amount, burst float64
+	// raised is what a raise of the burst adds to what the holder may
+	// admit at once (the engine gives a raised burst's difference at the
+	// holder's share: tokensAt): share × (new burst − old), or 0.
+	raised float64
+}
+
+// pendingConfig is a configuration a holder applies at a later time: a
+// change reaches the regions' instances one by one.
+type pendingConfig struct {
+	at            int64
+	h             int
+	ver           int
+	cfg           *allot.Config
+	amount, burst float64
+}
+
+func (r *admissionRun) configSource(amount, burst int64) string {
+	burstField := ""
+	if r.alg != allot.SlidingWindow {
+		burstField = fmt.Sprintf(", burst: %d", burst)
+	}
+	return fmt.Sprintf("domain: api\nregions: [a, b, c]\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: %d/%dms%s, algorithm: %s}\n",
+		amount, time.Duration(r.period).Milliseconds(), burstField, r.alg)
+}
 
 func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 	algs := []string{"sliding_window", "token_bucket", "gcra"}
@@ -129,7 +173,8 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 	}
 	for _, reg := range regions {
 		for range d.int(1, 3) {
-			h := &admissionHolder{region: reg}
+			h := &admissionHolder{region: reg, cfg: r.cfg, burst: r.burst}
+			r.limits = append(r.limits, limitEpoch{at: math.MinInt64, h: len(r.holders), amount: r.amount, burst: r.burst})
 			r.holders = append(r.holders, h)
 			r.start(t, h)
 		}
@@ -146,7 +191,7 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 
 // start gives h a new engine: at the run's start, or a restart.
 func (r *admissionRun) start(t testing.TB, h *admissionHolder) {
-	h.e = New(r.cfg, Options{})
+	h.e = New(h.cfg, Options{})
 	h.e.SetWindowGuard(r.guard)
 	if !r.peers {
 		return
@@ -182,6 +227,12 @@ func (r *admissionRun) keyName() string {
 
 func (r *admissionRun) at() time.Time { return time.Unix(0, r.now) }
 
+func (r *admissionRun) tracef(format string, args ...any) {
+	if r.trace != nil {
+		r.trace("%v: "+format, append([]any{time.Duration(r.now - t0.UnixNano())}, args...)...)
+	}
+}
+
 // keyInForce is what holder h enforces for the hot key.
 func (h *admissionHolder) keyInForce() float64 {
 	if h.own {
@@ -193,6 +244,7 @@ func (h *admissionHolder) keyInForce() float64 {
 // apply puts a share in force at one holder.
 func (r *admissionRun) apply(t testing.TB, p pendingRaise) {
 	h := r.holders[p.h]
+	r.tracef("holder %d: share %+v", p.h, p)
 	var err error
 	switch {
 	case !p.key:
@@ -264,17 +316,21 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 			r.apply(t, r.raises[0])
 			r.raises = r.raises[1:]
 		}
+		r.applyConfigs()
 		switch k := d.int(0, 19); {
+		case k == 11:
+			r.reconfigure(t, d)
 		case k < 12: // requests
 			h := r.holders[d.int(0, len(r.holders)-1)]
 			u := d.int(0, 2)
-			cost := d.int64(1, max(1, int64(r.burst)/4))
+			cost := d.int64(1, max(1, int64(h.burst)/4))
 			for range d.int(1, 20) {
 				if err := h.e.Check(r.at(), "api", user(fmt.Sprint(u)), cost, &r.dec); err != nil {
 					t.Fatal(err)
 				}
+				r.tracef("holder %p user %d cost %d: %v", h, u, cost, r.dec.Allowed)
 				if r.dec.Allowed {
-					r.admitted = append(r.admitted, admission{r.now, u, float64(cost)})
+					r.admitted = append(r.admitted, admission{r.now, u, float64(cost), h})
 					r.events[0]++
 				}
 			}
@@ -282,6 +338,7 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 			r.rebalance(t, d)
 		case k == 16: // a restart: a new instance, holding its grant from now on
 			h := r.holders[d.int(0, len(r.holders)-1)]
+			r.tracef("restart %p", h)
 			r.start(t, h)
 			if err := h.e.ResetShare("api", "l", h.def, r.at()); err != nil {
 				t.Fatal(err)
@@ -293,6 +350,7 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 			}
 			r.events[3]++
 		case k == 17:
+			r.tracef("sweep")
 			for _, h := range r.holders {
 				h.e.Sweep(r.at())
 			}
@@ -300,6 +358,40 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 		default:
 			r.lend(t, d)
 		}
+	}
+}
+
+// reconfigure changes L (and a bucket's burst), lowered or raised; every
+// holder applies the new configuration at its own time within a
+// rebalance period. A change still on its way is overtaken.
+func (r *admissionRun) reconfigure(t testing.TB, d *draw) {
+	amount := d.int64(5, 300)
+	burst := amount
+	if r.alg != allot.SlidingWindow {
+		burst = d.int64(1, 2*amount)
+	}
+	cfg := mustConfig(t, r.configSource(amount, burst))
+	r.events[6]++
+	for i := range r.holders {
+		r.pending = append(r.pending, pendingConfig{at: r.now + d.int64(0, r.rebal), h: i, ver: r.events[6], cfg: cfg,
+			amount: float64(amount), burst: float64(burst)})
+	}
+}
+
+func (r *admissionRun) applyConfigs() {
+	slices.SortStableFunc(r.pending, func(a, b pendingConfig) int { return cmp.Compare(a.at, b.at) })
+	for len(r.pending) > 0 && r.pending[0].at <= r.now {
+		p := r.pending[0]
+		r.pending = r.pending[1:]
+		h := r.holders[p.h]
+		if p.ver <= h.ver { // overtaken by a newer version
+			continue
+		}
+		raised := max(0, p.burst-h.burst) * max(h.def, h.keyInForce())
+		r.tracef("holder %d: config %v/%v", p.h, p.amount, p.burst)
+		h.cfg, h.burst, h.ver = p.cfg, p.burst, p.ver
+		h.e.Reconfigure(r.at(), p.cfg)
+		r.limits = append(r.limits, limitEpoch{at: r.now, h: p.h, amount: p.amount, burst: p.burst, raised: raised})
 	}
 }
 
@@ -337,6 +429,93 @@ func (r *admissionRun) lend(t testing.TB, d *draw) {
 	}
 }
 
+// inForce is the largest amount and burst that any holder had in force at
+// some instant of [from, to]: with a change on its way to the holders,
+// a window is bounded by the larger of the old and the new limit.
+func (r *admissionRun) inForce(from, to int64) (amount, burst float64) {
+	for h := range r.holders {
+		var cur *limitEpoch
+		for i := range r.limits {
+			e := &r.limits[i]
+			if e.h != h || e.at > to {
+				continue
+			}
+			if e.at <= from {
+				if cur == nil || e.at >= cur.at {
+					cur = e
+				}
+				continue
+			}
+			amount, burst = max(amount, e.amount), max(burst, e.burst)
+		}
+		if cur != nil {
+			amount, burst = max(amount, cur.amount), max(burst, cur.burst)
+		}
+	}
+	return amount, burst
+}
+
+// raisedIn is what raises of the burst added in [from, to].
+func (r *admissionRun) raisedIn(from, to int64) float64 {
+	sum := 0.0
+	for _, e := range r.limits {
+		if e.at >= from && e.at <= to {
+			sum += e.raised
+		}
+	}
+	return sum
+}
+
+// inForceAt is the largest amount any holder had in force at at.
+func (r *admissionRun) inForceAt(at int64) float64 {
+	amount := 0.0
+	for h := range r.holders {
+		var cur *limitEpoch
+		for i := range r.limits {
+			if e := &r.limits[i]; e.h == h && e.at <= at && (cur == nil || e.at >= cur.at) {
+				cur = e
+			}
+		}
+		amount = max(amount, cur.amount)
+	}
+	return amount
+}
+
+// refill returns F with F(b) − F(a) = ∫ r(t) dt over [a, b], r(t) the
+// largest rate any holder had in force at t.
+func (r *admissionRun) refill() func(at int64) float64 {
+	var points []int64
+	for _, e := range r.limits {
+		if e.at != math.MinInt64 {
+			points = append(points, e.at)
+		}
+	}
+	slices.Sort(points)
+	points = slices.Compact(points)
+	origin := t0.UnixNano()
+	rate0 := r.inForceAt(math.MinInt64) / float64(r.period)
+	rates := make([]float64, len(points)) // from points[k] to points[k+1]
+	cum := make([]float64, len(points))   // F(points[k])
+	for k, p := range points {
+		rates[k] = r.inForceAt(p) / float64(r.period)
+		if k == 0 {
+			cum[k] = rate0 * float64(p-origin)
+		} else {
+			cum[k] = cum[k-1] + rates[k-1]*float64(p-points[k-1])
+		}
+	}
+	return func(at int64) float64 {
+		k, found := slices.BinarySearch(points, at)
+		if !found {
+			k-- // points[k] < at
+		}
+		if k < 0 {
+			return rate0 * float64(at-origin)
+		}
+		return cum[k] + rates[k]*float64(at-points[k])
+	}
+}
+
 // check is the oracle: what every holder admitted, per user, in true
 // time.
 func (r *admissionRun) check() error {
@@ -351,19 +530,24 @@ func (r *admissionRun) check() error {
 			sums := map[int64]float64{}
 			for _, a := range as {
 				w := a.at / r.period
-				if sums[w] += a.cost; sums[w] > r.amount {
-					return fmt.Errorf("user %d: %.0f admitted in window %d over every instance, L = %.0f", u, sums[w], w, r.amount)
+				l, _ := r.inForce(w*r.period, (w+1)*r.period-1)
+				if sums[w] += a.cost; sums[w] > l {
+					return fmt.Errorf("user %d: %.0f admitted in window %d over every instance, L = %.0f", u, sums[w], w, l)
 				}
 			}
 			continue
 		}
-		rate := r.amount / float64(r.period)
+		refilled := r.refill()
 		slices.SortStableFunc(as, func(a, b admission) int { return cmp.Compare(a.at, b.at) })
 		for i := range as {
 			sum := 0.0
 			for j := i; j < len(as); j++ {
 				sum += as[j].cost
-				if bound := r.burst + rate*float64(as[j].at-as[i].at); sum > bound+1e-6 {
+				// what the holders held just before the interval, and what
+				// raises of the burst added within it
+				_, burst := r.inForce(as[i].at-1, as[i].at-1)
+				burst += r.raisedIn(as[i].at, as[j].at)
+				if bound := burst + refilled(as[j].at) - refilled(as[i].at); sum > bound+1e-6 {
 					return fmt.Errorf("user %d: %.0f admitted in [%v, %v] over every instance, B + r·T = %.3f",
 						u, sum, time.Duration(as[i].at-t0.UnixNano()), time.Duration(as[j].at-t0.UnixNano()), bound)
 				}

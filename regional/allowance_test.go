@@ -151,3 +151,32 @@ func TestLendAfterARaise(t *testing.T) {
 		t.Fatalf("admitted %d after lending 50, want 50", got)
 	}
 }
+
+// A limit's rate raised in the configuration refills from the raise on,
+// never the time before it: a bucket untouched since it was spent was
+// refilled at the new rate all the way back to its last update, so a
+// key emptied and raised from 10/s to 100/s half a second later held 10
+// at once instead of 5. Each change is kept with what was in force
+// before it; a share change at the same instant is taken in the order
+// that leaves the fewer tokens.
+func TestRaisedRateRefillsFromTheRaise(t *testing.T) {
+	for _, alg := range []string{"token_bucket", "gcra"} {
+		t.Run(alg, func(t *testing.T) {
+			cfg := func(rate int) *allot.Config {
+				return mustConfig(t, fmt.Sprintf("domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: %d/s, burst: 10, algorithm: %s}\n", rate, alg))
+			}
+			e := New(cfg(10), Options{})
+			if got := admitAll(t, e, t0, 100); got != 10 {
+				t.Fatalf("admitted %d of a full bucket, want 10", got)
+			}
+			at := t0.Add(500 * time.Millisecond)
+			e.Reconfigure(at, cfg(100))
+			if got := admitAll(t, e, at, 100); got != 5 {
+				t.Fatalf("admitted %d at the raise, want 5 (refilled at 10/s for 500 ms)", got)
+			}
+			if got := admitAll(t, e, at.Add(50*time.Millisecond), 100); got != 5 {
+				t.Fatalf("admitted %d 50 ms after the raise, want 5 (refilled at 100/s)", got)
+			}
+		})
+	}
+}

@@ -283,7 +283,7 @@ func (e *Engine) Credit(now time.Time, ask LoanAsk, g LoanGrant, err error) bool
 		nk.loan, outcome = 0, &ss.stats.LoansGranted
 		if idx := sh.find(h); idx >= 0 {
 			s := &sh.slots[idx]
-			hist.catchUp(s, base)
+			hist.catchUp(s, base, ls.changeFor(base))
 			refund(s, t, base.scaled(hist.current()), float64(g.Granted))
 			credited = true
 		}
@@ -362,9 +362,9 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 		if idx < 0 {
 			sh.makeRoom(t)
 			idx = sh.insert(h)
-			hist.fresh(&sh.slots[idx], t, base)
+			hist.fresh(&sh.slots[idx], t, base, ls.changeFor(base))
 		} else {
-			hist.catchUp(&sh.slots[idx], base)
+			hist.catchUp(&sh.slots[idx], base, ls.changeFor(base))
 		}
 		s := &sh.slots[idx]
 		if n := math.Floor(min(float64(req.Amount), available(s, t, p)*lendFraction)); n >= 1 && take(s, t, p, n, false).allowed {

@@ -118,7 +118,7 @@ func TestRaisedBurst(t *testing.T) {
 				for i, s := range c.steps {
 					now := t0.Add(s.at)
 					if s.cfg != "" {
-						e.SetConfig(mustConfig(t, s.cfg))
+						e.Reconfigure(now, mustConfig(t, s.cfg))
 					}
 					if s.share > 0 {
 						if err := e.SetShare(now, "api", "l", s.share); err != nil {

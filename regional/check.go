@@ -370,7 +370,7 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 			idx, created = sh.insert(w.key), true
 			t.freshSlot(&sh.slots[idx], w, ss != nil, now)
 		} else if w.same < 0 && ss == nil {
-			hist.catchUp(&sh.slots[idx], base)
+			hist.catchUp(&sh.slots[idx], base, w.ls.changeFor(base))
 		}
 		if ss != nil && w.same < 0 {
 			t.inject(sh, idx, w, ss, items, now, created, stale)
@@ -461,7 +461,7 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 		fresh(s, now, w.p)
 		return
 	}
-	w.ls.shares.hist(w.key).fresh(s, now, w.base)
+	w.ls.shares.hist(w.key).fresh(s, now, w.base, w.ls.changeFor(w.base))
 	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
 }
 

@@ -136,6 +136,46 @@ type limitState struct {
 	base   params // the configured limit, share 1
 	salt   uint64 // the key hash of the limit itself; values are mixed in
 	shares *limitShares
+	// change is the latest change of a bucket's rate or burst
+	// (Reconfigure), or nil: a key last updated before it is brought up
+	// to it under what was in force before, so that a raised rate never
+	// refills the time before the raise.
+	change *reconf
+}
+
+// reconf is a change of a token bucket or GCRA limit's configured rate or
+// burst at an instant, with the changes before it (at most maxReconfs in
+// all): a key is read under the parameters it was last updated under.
+type reconf struct {
+	at     int64
+	before params  // in force before at (share 1)
+	prev   *reconf // the change before, nil when none or forgotten
+	// forgot: changes before this one were made and are no longer
+	// kept, so a key last updated before at is read as empty at at.
+	forgot bool
+}
+
+// maxReconfs bounds the configuration changes a limit keeps.
+const maxReconfs = 4
+
+// since returns, oldest first, the changes of c's chain after last.
+func (c *reconf) since(last int64) []*reconf {
+	var cs []*reconf
+	for ; c != nil && c.at > last; c = c.prev {
+		cs = append(cs, c)
+	}
+	slices.Reverse(cs)
+	return cs
+}
+
+// changeFor is ls's latest configuration change for a key whose limit is
+// base, or nil: a key with a plan or override of its own (base differs
+// from the limit's) follows its own parameters, not the configuration's.
+func (ls *limitState) changeFor(base params) *reconf {
+	if c := ls.change; c != nil && base == ls.base {
+		return c
+	}
+	return nil
 }
 
 // limitShares holds the region's share of one limit: the default for its
@@ -288,45 +328,142 @@ func (h *shareHist) with(at int64, share float64, per, g int64) *shareHist {
 	return &c
 }
 
-// catchUp applies the share changes made since s was last updated.
-func (h *shareHist) catchUp(s *slot, base params) {
-	if h.n == 0 || base.alg == allot.SlidingWindow {
+// catchUp applies the share changes, and the configuration changes of c
+// (nil: none), made since s was last updated.
+func (h *shareHist) catchUp(s *slot, base params, c *reconf) {
+	if base.alg == allot.SlidingWindow {
 		return // counts are absolute: a window needs no conversion
 	}
 	last := lastUpdate(s, base.alg)
-	if h.changes[h.n-1].at <= last {
+	cs := c.since(last)
+	if len(cs) == 0 && (h.n == 0 || h.changes[h.n-1].at <= last) {
 		return
 	}
-	share := h.prev
-	for _, c := range h.changes[:h.n] {
-		if c.at <= last {
-			share = c.share
-			continue
-		}
-		from, to := base.scaled(share), base.scaled(c.share)
-		tok := math.Min(tokensAt(s, c.at, from), to.burst)
-		setTokens(s, c.at, tok, to)
-		share = c.share
+	if len(cs) > 0 && cs[0].forgot { // last updated under parameters no longer known: empty
+		last = cs[0].at
+		setTokens(s, last, 0, cs[0].before.scaled(h.at(last)))
 	}
+	h.walk(s, last, h.at(last), base, cs)
+}
+
+// at is the share in force at t that the kept changes tell (the least
+// before them for an earlier t).
+func (h *shareHist) at(t int64) float64 {
+	share := h.prev
+	for _, ch := range h.changes[:h.n] {
+		if ch.at <= t {
+			share = ch.share
+		}
+	}
+	return share
+}
+
+// walk brings s from last, at share, through every later share change
+// and the configuration changes cs (oldest first, all after last). A
+// share change and a configuration change at the same instant are taken
+// in the order that leaves the fewer tokens: which came first is not
+// kept, and a raised burst adds its difference at the share then.
+func (h *shareHist) walk(s *slot, last int64, share float64, base params, cs []*reconf) {
+	cur := base
+	if len(cs) > 0 {
+		cur = cs[0].before
+	}
+	i := 0
+	for i < h.n && h.changes[i].at <= last {
+		i++
+	}
+	for {
+		next := int64(math.MaxInt64)
+		if i < h.n {
+			next = h.changes[i].at
+		}
+		switch {
+		case len(cs) > 0 && cs[0].at < next:
+			cur = reconfigure(s, cs, cur, base, share)
+			cs = cs[1:]
+		case len(cs) > 0 && cs[0].at == next: // both at once
+			ch := h.changes[i]
+			a, b := *s, *s
+			reshare(&a, ch.at, cur, share, ch.share)
+			reconfigure(&a, cs, cur, base, ch.share)
+			to := reconfigure(&b, cs, cur, base, share)
+			reshare(&b, ch.at, to, share, ch.share)
+			*s = a
+			if tokensAt(&b, ch.at, to.scaled(ch.share)) < tokensAt(&a, ch.at, to.scaled(ch.share)) {
+				*s = b
+			}
+			cur, share, cs = to, ch.share, cs[1:]
+			i++
+		case i < h.n:
+			ch := h.changes[i]
+			reshare(s, ch.at, cur, share, ch.share)
+			share = ch.share
+			i++
+		default:
+			return
+		}
+	}
+}
+
+// reshare moves s at at from share to share under p: a lowering clamps.
+func reshare(s *slot, at int64, p params, from, to float64) {
+	f, t := p.scaled(from), p.scaled(to)
+	setTokens(s, at, math.Min(tokensAt(s, at, f), t.burst), t)
+}
+
+// reconfigure moves s at cs[0].at from cur to what follows cs[0] (base
+// when it is the latest), at share: a raised burst adds its difference,
+// a lowered one clamps. It returns what follows.
+func reconfigure(s *slot, cs []*reconf, cur, base params, share float64) params {
+	to := base
+	if len(cs) > 1 {
+		to = cs[1].before
+	}
+	f, t := cur.scaled(share), to.scaled(share)
+	tok := tokensAt(s, cs[0].at, f)
+	setTokens(s, cs[0].at, math.Min(tok+math.Max(0, t.burst-f.burst), t.burst), t)
+	return to
 }
 
 // fresh initialises the state of a key this engine does not hold at now
 // (new, or swept when full): as if it had been full all along and had
-// followed every share change, a bucket holds at most what the share in
-// force before the changes kept gave it, clamped and refilled through
-// them (a key first seen just after a raise has not the raised burst: the
-// region that gave the share up may have spent it). A window starts empty.
-func (h *shareHist) fresh(s *slot, now int64, base params) {
-	if h.n == 0 || base.alg == allot.SlidingWindow {
+// followed every share change (and the configuration change c, nil for
+// none), a bucket holds at most what the share in force before the
+// changes kept gave it, clamped and refilled through them (a key first
+// seen just after a raise has not the raised burst: the region that gave
+// the share up may have spent it). A window starts empty.
+func (h *shareHist) fresh(s *slot, now int64, base params, c *reconf) {
+	if base.alg == allot.SlidingWindow {
 		fresh(s, now, base.scaled(h.current()))
 		return
 	}
-	if h.changes[0].at > now { // the clock stepped back: the least known
+	if h.n > 0 && h.changes[0].at > now { // the clock stepped back: the least known
 		fresh(s, now, base.scaled(h.leastSince(math.MinInt64)))
 		return
 	}
-	fresh(s, h.changes[0].at-1, base.scaled(h.prev))
-	h.catchUp(s, base)
+	var cs []*reconf
+	for _, x := range c.since(math.MinInt64) {
+		if x.at <= now {
+			cs = append(cs, x)
+		}
+	}
+	start := now
+	if h.n > 0 {
+		start = h.changes[0].at - 1
+	}
+	if len(cs) > 0 {
+		start = min(start, cs[0].at-1)
+	}
+	if start == now {
+		fresh(s, now, base.scaled(h.current()))
+		return
+	}
+	p := base
+	if len(cs) > 0 {
+		p = cs[0].before
+	}
+	fresh(s, start, p.scaled(h.prev))
+	h.walk(s, start, h.prev, base, cs)
 }
 
 // New returns an engine enforcing cfg.
@@ -339,15 +476,20 @@ func New(cfg *allot.Config, opts Options) *Engine {
 		table:  newTable(opts.MaxKeys),
 		seed:   maphash.MakeSeed(),
 	}
-	e.SetConfig(cfg)
+	e.Reconfigure(time.Time{}, cfg)
 	return e
 }
 
-// SetConfig replaces the configuration. Keys of limits that keep their
-// domain and name keep their state; so do shares.
-func (e *Engine) SetConfig(cfg *allot.Config) {
+// Reconfigure replaces the configuration from now on. Keys of limits that
+// keep their domain and name keep their state; so do shares. A sliding
+// window's counts are absolute, so a window takes a changed amount as it
+// stands; a token bucket or GCRA key is brought up to now under what was
+// in force before (a raised rate refills from now on, a raised burst adds
+// its difference at once, a lowered one clamps).
+func (e *Engine) Reconfigure(now time.Time, cfg *allot.Config) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	old := e.cfg.Load()
 	c := &compiled{src: cfg, domains: make(map[string]*domainState)}
 	for _, d := range cfg.Domains {
 		ds := &domainState{d: d, byName: make(map[string]*limitState)}
@@ -369,6 +511,7 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 				salt:   maphash.String(e.seed, id),
 				shares: sh,
 			}
+			ls.change = reconfigured(old, d.Name, ls.base, l.Name, now.UnixNano())
 			ds.limits = append(ds.limits, ls)
 			ds.byName[l.Name] = ls
 			ds.stored = ds.stored || l.Enforcement != allot.Local && !l.Unlimited
@@ -384,6 +527,39 @@ func (e *Engine) SetConfig(cfg *allot.Config) {
 	}
 	e.attachSync(c)
 	e.cfg.Store(c)
+}
+
+// reconfigured is the change a limit's new base makes to what old
+// compiled, nil when none: the limit's rate and burst are the same, it is
+// new, it is a sliding window, or its algorithm changed (its state starts
+// over as it stands).
+func reconfigured(old *compiled, domain string, base params, name string, now int64) *reconf {
+	if old == nil || base.alg == allot.SlidingWindow {
+		return nil
+	}
+	ds := old.domains[domain]
+	if ds == nil {
+		return nil
+	}
+	o := ds.byName[name]
+	if o == nil || o.base.alg != base.alg {
+		return nil
+	}
+	if o.base == base {
+		return o.change
+	}
+	c := &reconf{at: now, before: o.base}
+	// keep at most maxReconfs changes: copies, since the old chain is
+	// still read under the old configuration's limit state
+	for p, q, n := c, o.change, 1; q != nil; p, q, n = p.prev, q.prev, n+1 {
+		if n == maxReconfs {
+			p.prev, p.forgot = nil, true
+			break
+		}
+		cp := *q
+		p.prev = &cp
+	}
+	return c
 }
 
 // SetInitialShare sets how a limit that a later SetConfig adds gets its

@@ -366,7 +366,7 @@ func TestReloadKeepsState(t *testing.T) {
 	}
 	// The burst goes from 10 to 20: the raise is there at once, and the
 	// 10 spent stay spent (TestRaisedBurst): 10 left, not 20.
-	e.SetConfig(mustConfig(t, "domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 20/s}\n"))
+	e.Reconfigure(t0, mustConfig(t, "domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 20/s}\n"))
 	if err := e.Check(t0, "api", user("1"), 11, &dec); err != nil || dec.Allowed || dec.Statuses[0].Remaining != 10 {
 		t.Fatalf("after reload: allowed=%v statuses=%+v err=%v, want the spent bucket kept (10 left)", dec.Allowed, dec.Statuses, err)
 	}

@@ -77,7 +77,7 @@
 //	failover:            coord = nil; later coordinator.New(now, {Term: term+1}, persisted)
 //	store outage:        store.SetErr(err); later store.SetErr(nil)
 //	clock skew:          a region's now is true time + skew in every call above
-//	config:              every kept instance: engine.SetConfig(cfg); node.Reconfigure(now)
+//	config:              every kept instance: engine.Reconfigure(now, cfg); node.Reconfigure(now)
 //	                     coord = nil; later coordinator.NewFleet(now, {Domain: new, Term: term+1}, persisted)
 //	                     a region cfg lacks: cut, its requests rejected
 //

@@ -638,7 +638,7 @@ func (w *world) reconfigure(f Fault) error {
 				continue // the ideal pass's one engine
 			}
 			seen[in.e] = true
-			in.e.SetConfig(cfg)
+			in.e.Reconfigure(w.clockOf(r, in), cfg)
 			if in.n != nil {
 				if err := in.n.Reconfigure(w.clock(r)); err != nil {
 					return fmt.Errorf("%s: %w", in.id, err)

@@ -39,7 +39,7 @@ func TestReconfigureAddsLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.SetConfig(next)
+	e.Reconfigure(time.Now(), next)
 	if got := e.Share("api", "y", ""); got != 0 {
 		t.Fatalf("share of a limit added at runtime: %v, want 0 until assigned", got)
 	}

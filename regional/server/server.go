@@ -106,7 +106,7 @@ func (s *Service) Engine() *regional.Engine { return s.engine }
 
 // SetConfig replaces the engine's configuration (a reload).
 func (s *Service) SetConfig(cfg *allot.Config) {
-	s.engine.SetConfig(cfg)
+	s.engine.Reconfigure(s.now(), cfg)
 	s.metrics.configLoaded(cfg)
 }
 
