@@ -35,27 +35,30 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // holder's share), and r·T the refill at the largest rate in force at
 // each instant.
 //
+// In half the runs the key table holds one key a shard and other users'
+// checks evict the checked keys while active.
+//
 // Not covered here (open): clock skew between regions, a region removed
 // from the configuration (the coordinator's part: TestRemovedRegionKeepsItsShare),
-// and keys evicted while active (MaxKeys pressure).
+// shared mode and the store's fallback.
 func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 	runs := *admissionRuns
-	var events [7]int
+	var events [8]int
 	start := time.Now()
 	for seed := range uint64(runs) {
 		d := &draw{rand.New(rand.NewPCG(seed, 0x616c6c6f74))}
 		r := newAdmissionRun(t, d)
 		r.run(t, d)
 		if err := r.check(); err != nil {
-			t.Fatalf("seed %d (%s, L = %.0f per %v, B = %.0f, %d holders, peers %v, guard %v): %v",
-				seed, r.alg, r.amount, time.Duration(r.period), r.burst, len(r.holders), r.peers, r.guard, err)
+			t.Fatalf("seed %d (%s, L = %.0f per %v, B = %.0f, %d holders, peers %v, guard %v, max keys %d): %v",
+				seed, r.alg, r.amount, time.Duration(r.period), r.burst, len(r.holders), r.peers, r.guard, r.maxKeys, err)
 		}
 		for k, n := range r.events {
 			events[k] += n
 		}
 	}
-	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes",
-		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6])
+	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active",
+		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7])
 }
 
 // draw draws a run's choices from a seeded source.
@@ -109,10 +112,11 @@ type admissionRun struct {
 	steps    int
 	trace    func(format string, args ...any) // when set, told every event (debugging a seed)
 	guard    time.Duration                    // every engine's window guard (0: none)
+	maxKeys  int                              // every engine's key table bound (0: the default)
 	now      int64
 	raises   []pendingRaise
 	admitted []admission
-	events   [7]int
+	events   [8]int
 	dec      allot.Decision
 }
 
@@ -171,6 +175,9 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 	if d.bool() { // one true clock: any guard holds
 		r.guard = time.Duration(d.int64(int64(time.Millisecond), r.period/2))
 	}
+	if d.bool() { // a key table of one key a shard: other keys evict active ones
+		r.maxKeys = numShards
+	}
 	for _, reg := range regions {
 		for range d.int(1, 3) {
 			h := &admissionHolder{region: reg, cfg: r.cfg, burst: r.burst}
@@ -191,7 +198,7 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 
 // start gives h a new engine: at the run's start, or a restart.
 func (r *admissionRun) start(t testing.TB, h *admissionHolder) {
-	h.e = New(h.cfg, Options{})
+	h.e = New(h.cfg, Options{MaxKeys: r.maxKeys})
 	h.e.SetWindowGuard(r.guard)
 	if !r.peers {
 		return
@@ -322,6 +329,13 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 			r.reconfigure(t, d)
 		case k < 12: // requests
 			h := r.holders[d.int(0, len(r.holders)-1)]
+			if r.maxKeys > 0 && d.bool() { // other users first: under MaxKeys, they evict
+				for range d.int(1, 40) {
+					if err := h.e.Check(r.at(), "api", user(fmt.Sprint(d.int(100, 1100))), 1, &r.dec); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
 			u := d.int(0, 2)
 			cost := d.int64(1, max(1, int64(h.burst)/4))
 			for range d.int(1, 20) {
@@ -339,6 +353,7 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 		case k == 16: // a restart: a new instance, holding its grant from now on
 			h := r.holders[d.int(0, len(r.holders)-1)]
 			r.tracef("restart %p", h)
+			r.events[7] += int(h.e.Stats().EvictedActive)
 			r.start(t, h)
 			if err := h.e.ResetShare("api", "l", h.def, r.at()); err != nil {
 				t.Fatal(err)
@@ -358,6 +373,9 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 		default:
 			r.lend(t, d)
 		}
+	}
+	for _, h := range r.holders {
+		r.events[7] += int(h.e.Stats().EvictedActive)
 	}
 }
 

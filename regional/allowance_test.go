@@ -180,3 +180,34 @@ func TestRaisedRateRefillsFromTheRaise(t *testing.T) {
 		})
 	}
 }
+
+// A key evicted while active (the key table full, MaxKeys) keeps what it
+// spent: it came back fresh before, so a sliding-window key that had
+// admitted its 100 in this window admitted 100 more after eviction; a
+// bucket, its burst again. Its state is kept aside (table.go remember)
+// and taken up when it is made again; two evicted keys that share a
+// place leave a state as charged as either.
+func TestEvictedKeyKeepsItsCharge(t *testing.T) {
+	for _, alg := range []string{"sliding_window", "token_bucket", "gcra"} {
+		t.Run(alg, func(t *testing.T) {
+			e := New(mustConfig(t, fmt.Sprintf("domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 100/1m, algorithm: %s}\n", alg)),
+				Options{MaxKeys: numShards}) // one key a shard
+			if got := admitAll(t, e, t0, 1000); got != 100 {
+				t.Fatalf("admitted %d, want 100", got)
+			}
+			// every other key in turn: user 1's shard evicts it on the way
+			var dec allot.Decision
+			for i := range 1000 {
+				if err := e.Check(t0, "api", user(fmt.Sprint(1000+i)), 1, &dec); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if st := e.Stats(); st.EvictedActive == 0 {
+				t.Fatalf("no active key evicted: %+v", st)
+			}
+			if got := admitAll(t, e, t0.Add(time.Second), 1000); got > 2 {
+				t.Fatalf("admitted %d after eviction within the window, want at most the refill of 1 s (%+v)", got, e.Stats())
+			}
+		})
+	}
+}

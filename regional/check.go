@@ -461,7 +461,11 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 		fresh(s, now, w.p)
 		return
 	}
-	w.ls.shares.hist(w.key).fresh(s, now, w.base, w.ls.changeFor(w.base))
+	hist, c := w.ls.shares.hist(w.key), w.ls.changeFor(w.base)
+	hist.fresh(s, now, w.base, c)
+	if exact, _ := t.shards[shardOf(w.key)].recall(s, now, w.p); exact { // evicted while active
+		hist.catchUp(s, w.base, c)
+	}
 	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
 }
 

@@ -886,6 +886,10 @@ type Stats struct {
 	Keys          int    // keys in the table
 	EvictedIdle   uint64 // keys dropped because their state was full again
 	EvictedActive uint64 // keys dropped to respect MaxKeys while not full
+	// Recalled counts keys evicted while active and made again from their
+	// own kept state; Conservative those made again as charged as an
+	// evicted key that shared their place could be (table.go recall).
+	Recalled, Conservative uint64
 }
 
 // Stats returns the engine's counters.
@@ -897,6 +901,8 @@ func (e *Engine) Stats() Stats {
 		s.Keys += sh.n
 		s.EvictedIdle += sh.stats.evictedIdle
 		s.EvictedActive += sh.stats.evictedActive
+		s.Recalled += sh.stats.recalled
+		s.Conservative += sh.stats.conservative
 		sh.mu.Unlock()
 	}
 	return s

@@ -3,6 +3,8 @@ package regional
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/allot-dev/allot"
 )
 
 // slot is one key's state: 40 bytes. The meaning of t, a and b depends on
@@ -34,6 +36,8 @@ type shard struct {
 	marks     map[uint64]*keyMark
 	dirty     map[uint64]*keyMark
 	marksNext int64
+	// victims keeps keys evicted while active (remember, recall).
+	victims []slot
 
 	_ [64]byte // keep neighbouring shards' locks off one cache line
 }
@@ -61,6 +65,10 @@ func (s *shard) demandOf(id int) *demand {
 type tableStats struct {
 	evictedIdle   uint64
 	evictedActive uint64
+	// recalled counts keys made again from their evicted state,
+	// conservative those made again as charged as an evicted key that
+	// shared their place in victims.
+	recalled, conservative uint64
 }
 
 const (
@@ -194,9 +202,81 @@ func (s *shard) makeRoom(now int64) {
 		}
 	}
 	if best >= 0 {
+		s.remember(s.slots[best], now)
 		s.remove(best)
 		s.stats.evictedActive++
 	}
+}
+
+// unknownCount is the count of a window in which a key may have been
+// charged by an unknown amount (recall): more than any limit, so that
+// the key admits nothing more in the window (nor, as the previous
+// window, in the next).
+const unknownCount = 1e15
+
+// merged marks a victim entry that stands for several evicted keys: its
+// idleAt is the latest of theirs, and its state is none of them.
+const merged = ^uint64(0)
+
+// remember keeps the state of a key evicted while active, so that the key
+// made again is not fresh: what it spent stays spent. victims is a
+// direct-mapped table made at the first such eviction (an eighth of the
+// shard's keys). Two active keys in one entry merge into one that keeps
+// the later idleAt: a key made again from it is as charged as any state
+// with that idleAt can be (recall), never less charged than it was.
+func (s *shard) remember(sl slot, now int64) {
+	if s.victims == nil {
+		n := minShardCap
+		for n < s.max/8 {
+			n *= 2
+		}
+		s.victims = make([]slot, n)
+	}
+	v := &s.victims[sl.key&uint64(len(s.victims)-1)]
+	switch {
+	case v.key == 0 || v.idleAt <= now || v.key == sl.key:
+		*v = sl
+	default:
+		*v = slot{key: merged, idleAt: max(v.idleAt, sl.idleAt)}
+	}
+}
+
+// recall makes s, the fresh slot of key just inserted at now, what it was
+// when evicted, and reports whether it did: exactly when its own state
+// is kept (the caller brings it through the share changes since), or, in
+// a merged entry that is not idle yet, as charged as any key it stands
+// for can be under p: an empty bucket (a share raised since the
+// eviction would make a bucket refilling to full at the entry's idleAt
+// hold more than the key did), a window closed for the rest of this
+// window and the next when the idleAt says the key was charged in it
+// (the limit in force then may have been above today's), else counted
+// full as the previous window.
+func (s *shard) recall(sl *slot, now int64, p params) (exact, recalled bool) {
+	if s.victims == nil {
+		return false, false
+	}
+	v := &s.victims[sl.key&uint64(len(s.victims)-1)]
+	if v.idleAt <= now || v.key != sl.key && v.key != merged {
+		return false, false
+	}
+	if v.key == sl.key {
+		*sl, *v = *v, slot{}
+		s.stats.recalled++
+		return true, true
+	}
+	s.stats.conservative++
+	switch p.alg {
+	case allot.TokenBucket, allot.GCRA:
+		setTokens(sl, now, 0, p)
+	case allot.SlidingWindow:
+		ws := now - now%p.period
+		sl.t, sl.a, sl.b = ws, 0, p.amount
+		if v.idleAt > ws+p.period { // charged in this window, up to any limit in force in it
+			sl.a = unknownCount
+		}
+	}
+	sl.idleAt = max(v.idleAt, now+p.wait(p.burst))
+	return false, true
 }
 
 // lockSet locks the shards of up to len(keys) keys in ascending shard
