@@ -32,7 +32,8 @@
 // 40 bytes per key at a load factor of at most 3/4. A key whose state is
 // back to full is equivalent to an absent one; Sweep drops such keys (no
 // decision changes). Past Options.MaxKeys the key closest to full is
-// evicted, which forgets its charge; Stats counts such evictions.
+// evicted, and its state kept aside for when it is made again (two in one
+// place merge into a state as charged as either); Stats counts them.
 //
 // The engine never reads the clock: every method takes now. An Engine is
 // safe for concurrent use; checks on keys in different shards run in
