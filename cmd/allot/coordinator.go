@@ -21,6 +21,7 @@ import (
 	"github.com/allot-dev/allot/coordinator/service"
 	"github.com/allot-dev/allot/deploy/examples"
 	"github.com/allot-dev/allot/internal/httpx"
+	"github.com/allot-dev/allot/internal/tlsx"
 )
 
 // coordinatorFlags are the flags of `allot coordinator`.
@@ -35,6 +36,7 @@ type coordinatorFlags struct {
 	grantTTL  time.Duration
 	logLevel  string
 	tls       tlsFlags
+	grants    []tlsx.Grant // --grant-roles: roles at the Admin API beyond an identity's kind
 }
 
 func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,6 +55,14 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.tls.register(fs)
 	f.tls.registerEtcd(fs)
+	fs.Func("grant-roles", "URI=ROLE[,ROLE...]: over TLS, adds Admin API roles (viewer: reads, operator: writes) to the certificate identity URI, or to every identity under a prefix ending in /* (repeatable); an operator's certificate reads and writes, a coordinator's reads", func(s string) error {
+		g, err := tlsx.ParseGrant(s)
+		if err != nil {
+			return err
+		}
+		f.grants = append(f.grants, g)
+		return nil
+	})
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
@@ -120,7 +130,8 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("coordinator: %w", err)
 	}
 	srv.Register(gs)
-	adm := admin.New(admin.Options{Store: store, Logger: log, Credentials: sec.creds()})
+	adm := admin.New(admin.Options{Store: store, Logger: log, Credentials: sec.creds(), Registry: reg,
+		Authorization: &tlsx.Policy{Grants: f.grants}})
 	defer adm.Close()
 	adm.Register(gs)
 	mux := http.NewServeMux()

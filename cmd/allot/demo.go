@@ -23,6 +23,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		"--dashboard-addr. The story is written for the built-in example limits and three regions.", stderr)
 	var f devFlags
 	f.register(fs)
+	f.demo = true
 	// The view owns the terminal: only warnings go to stderr by default.
 	f.logLevel = "warn"
 	fs.Lookup("log-level").DefValue = f.logLevel
@@ -37,6 +38,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
+	f.parsed(fs)
 	if !(*speed > 0 && *speed <= 1000) {
 		return fmt.Errorf("demo: --speed must be above 0 and at most 1000, got %v", *speed)
 	}
@@ -45,7 +47,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	names := splitList(f.regions)
 	// The dashboard's port first: a taken one fails before etcd starts.
-	if !f.tls.Enabled() {
+	if !f.devTLS.enabled() {
 		// Plain text, as allot dev chooses it without TLS flags: loopback only.
 		if err := (security{insecure: true}).plain("dashboard http", *dashAddr, tlsx.ListenRule); err != nil {
 			return fmt.Errorf("demo: %w", err)
@@ -84,6 +86,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer c.close()
+	client := c.sec // plain text
+	if c.tls != nil {
+		client = c.tls.security(holderDemo) // checks and reserves; reads the regions' Status and Usage (viewer)
+	}
 	regions := make([]demo.Region, len(c.nodes))
 	for i, n := range c.nodes {
 		links.SetTarget(n.name, n.grpcAddr)
@@ -114,7 +120,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	go func() {
 		played <- demo.Run(dctx, demo.Options{Story: story, Regions: regions, Links: links, Series: series,
 			Out: stdout, ANSI: isTerminal(stdout), Header: "dashboard " + url, Interval: *interval, Once: *once,
-			Seed: uint64(time.Now().UnixNano()), Logger: c.log, Credentials: c.sec.creds()})
+			Seed: uint64(time.Now().UnixNano()), Logger: c.log, Credentials: client.creds()})
 		stopServe()
 	}()
 	err = c.serve(sctx, f.config)

@@ -33,6 +33,13 @@ type devFlags struct {
 	// allot dev keeps it; allot demo, whose story is written for the
 	// built-in example, does not.
 	keepConfig bool
+	// devTLS are the TLS flags: certificates allot dev issues (devtls.go).
+	devTLS devTLSFlags
+	// anonymousSet: --anonymous-roles was given (with TLS, the default
+	// narrows to check).
+	anonymousSet bool
+	// demo: allot demo, whose client gets a certificate too.
+	demo bool
 }
 
 func (f *devFlags) register(fs *flag.FlagSet) {
@@ -45,6 +52,12 @@ func (f *devFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.etcdAddr, "etcd-addr", "127.0.0.1:2479", "the embedded etcd's client address (its peer address is the next port)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "the embedded etcd's data folder, kept across restarts: configuration versions, overrides, plans and shares; default: a temporary folder removed at exit (nothing is kept)")
 	fs.DurationVar(&f.period, "rebalance-period", 2*time.Second, "how often the coordinator recomputes shares")
+	f.devTLS.register(fs)
+}
+
+// parsed notes, after fs is parsed, what defaults the flags given change.
+func (f *devFlags) parsed(fs *flag.FlagSet) {
+	fs.Visit(func(fl *flag.Flag) { f.anonymousSet = f.anonymousSet || fl.Name == "anonymous-roles" })
 }
 
 // runDev starts the embedded default: an embedded etcd, one coordinator
@@ -62,6 +75,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if _, err := parseArgs(fs, args, stdout, 0, 0); err != nil {
 		return err
 	}
+	f.parsed(fs)
 	c, err := startDev(ctx, &f, stderr, nil)
 	if err != nil {
 		return err
@@ -92,7 +106,8 @@ type devCluster struct {
 	version        int64    // the configuration version in force in etcd at start
 	dataDir        string   // etcd's data folder; "" when temporary (ephemeral)
 	kept           bool     // the configuration in etcd was kept (an earlier run's)
-	sec            security // TLS of every listener and link, or plain text
+	sec            security // TLS of the coordinator's listener and links (and the demo's dashboard), or plain text
+	tls            *devTLS  // the certificates issued; nil: plain text
 	cleanup        []func() // run in reverse order by close
 }
 
@@ -115,27 +130,42 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 	if err != nil {
 		return nil, err
 	}
-	sec, err := f.tls.load(log)
-	if err != nil {
-		return nil, fmt.Errorf("dev: %w", err)
-	}
-	if sec.src == nil {
-		// One command: without TLS flags, allot dev (and demo) choose
-		// plain text themselves, as --insecure would: every listener and
-		// link must then be on loopback, which the defaults are.
-		sec.insecure = true
-	}
 	// The embedded etcd serves plain text, also beside TLS: its clients
 	// are this process and allotctl on this host.
 	if !tlsx.IsLoopback(f.etcdAddr) {
 		return nil, fmt.Errorf("dev: --etcd-addr %s: the embedded etcd serves plain text, on loopback only", f.etcdAddr)
 	}
-	c := &devCluster{log: log, dataDir: f.dataDir, sec: sec}
+	if f.devTLS.dir != "" && !f.devTLS.enabled() {
+		return nil, errors.New("dev: --tls-dir needs --tls")
+	}
+	// One command: without --tls, allot dev (and demo) choose plain text
+	// themselves, as --insecure would: every listener and link must then
+	// be on loopback, which the defaults are.
+	c := &devCluster{log: log, dataDir: f.dataDir, sec: security{insecure: true}}
 	defer func() {
 		if err != nil {
 			c.close()
 		}
 	}()
+	if f.devTLS.enabled() {
+		// A certificate per region, the coordinator and the clients: each
+		// region speaks for itself only (devtls.go).
+		if c.tls, err = issueDevTLS(&f.devTLS, names, f.demo, log); err != nil {
+			return nil, fmt.Errorf("dev: %w", err)
+		}
+		c.cleanup = append(c.cleanup, c.tls.cleanup)
+		c.sec = c.tls.security(holderCoordinator)
+		if !f.anonymousSet {
+			// Over TLS, a caller without a certificate only checks: the
+			// Go SDK's gateway mode has the gateway's certificate.
+			authz.Anonymous = tlsx.RoleCheck
+		}
+		if f.demo {
+			// The demo's dashboard reads the regions' Status and Usage.
+			authz.Grants = append(authz.Grants, tlsx.Grant{URI: devDemoURI, Roles: tlsx.RoleViewer})
+		}
+	}
+	sec := c.sec
 
 	dir := f.dataDir
 	if dir == "" {
@@ -191,7 +221,7 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 		gl.Close()
 		return nil, fmt.Errorf("dev: %w", err)
 	}
-	adm := admin.New(admin.Options{Store: c.store, Logger: log, Credentials: sec.creds()})
+	adm := admin.New(admin.Options{Store: c.store, Logger: log, Credentials: sec.creds(), Authorization: &tlsx.Policy{Grants: f.grants}})
 	c.cleanup = append(c.cleanup, adm.Close)
 	adm.Register(gs)
 	if len(c.coordinated) > 0 {
@@ -223,7 +253,11 @@ func startDev(ctx context.Context, f *devFlags, stderr io.Writer, links devLinks
 		if err != nil {
 			return nil, fmt.Errorf("dev: --http-addr: %w", err)
 		}
-		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log, sec: linkSecurity{security: sec}, authz: authz}
+		rsec := sec // plain text
+		if c.tls != nil {
+			rsec = c.tls.security("region/" + name) // its own certificate: it speaks for itself only
+		}
+		spec := regionSpec{name: name, cfg: cfg, grpcAddr: grpcAddr, httpAddr: httpAddr, maxKeys: f.maxKeys, reportEvery: f.reportEvery, log: log, sec: linkSecurity{security: rsec}, authz: authz}
 		// Shared-mode counters and loans between the regions (peers.go).
 		spec.peers = devPeers(names, f.grpcAddr, i)
 		spec.store, spec.follow = c.store, true // regions follow the configuration in etcd and register
@@ -368,8 +402,8 @@ func printDev(w io.Writer, c *devCluster) {
 	fmt.Fprintf(w, "\nTry it: user 42 may send 30/s with a burst of 15 over all regions; %s starts with 35%% of it,\n", first.name)
 	fmt.Fprintf(w, "so the 6th request in a row gets a 429:\n")
 	curl := "curl -s"
-	if c.sec.src != nil {
-		curl += " --cacert " + c.sec.src.Files().CA
+	if c.tls != nil {
+		curl += " --cacert " + c.tls.ca
 	}
 	fmt.Fprintf(w, "  for i in 1 2 3 4 5 6; do %s -o /dev/null -w '%%{http_code}\\n' -X POST %s://%s/v1/check \\\n", curl, c.sec.scheme(), first.httpAddr)
 	fmt.Fprintf(w, "    -H 'Content-Type: application/json' -d '{\"domain\":\"api\",\"descriptors\":[{\"user\":\"42\"}]}'; done\n")
@@ -395,16 +429,30 @@ func printCluster(w io.Writer, name string, c *devCluster) {
 		fmt.Fprintf(w, "  coordinator      gRPC %-16s domains %v, shares rebalanced from demand\n", c.coordAdvertise, c.coordinated)
 	}
 	ctlFlags := "--addr " + c.adminAddr
-	if c.sec.src == nil {
+	if c.tls == nil {
 		ctlFlags = "--insecure " + ctlFlags // allotctl's plain text is explicit too
 	}
 	fmt.Fprintf(w, "  admin API        gRPC %-16s allotctl status | limits apply FILE | override set ... (%s)\n", c.adminAddr, ctlFlags)
 	fmt.Fprintf(w, "  etcd (embedded)  %s\n", c.etcd)
-	if c.sec.src != nil {
-		fmt.Fprintf(w, "  transport        TLS from %s; Peer, Coordinator and Admin require client certificates\n", c.sec.src.Files().Cert)
-	} else {
-		fmt.Fprintf(w, "  transport        plain text, on loopback only (no --insecure needed here; other addresses are refused): --tls-cert, --tls-key and --tls-ca serve TLS\n")
+	if c.tls == nil {
+		fmt.Fprintf(w, "  transport        plain text, on loopback only (no --insecure needed here; other addresses are refused): --tls serves mutual TLS\n")
+		return
 	}
+	ca := "a throwaway CA made at this start"
+	if !c.tls.throwaway {
+		ca = "the CA of --tls-ca"
+	}
+	fmt.Fprintf(w, "  transport        mutual TLS on every link but etcd's; certificates in %s, issued by %s:\n", c.tls.dir, ca)
+	fmt.Fprintf(w, "                   one per region (%s), the coordinator (%s),\n", devRegionURI("REGION"), devCoordinatorURI)
+	fmt.Fprintf(w, "                   an operator (%s) and a gateway (%s)", devOperatorURI, devGatewayURI)
+	if _, ok := c.tls.files[holderDemo]; ok {
+		fmt.Fprintf(w, ", the demo (%s)", devDemoURI)
+	}
+	fmt.Fprintf(w, "\n")
+	op := c.tls.files[holderOperator]
+	fmt.Fprintf(w, "  allotctl         export ALLOT_TLS_CA=%s ALLOT_TLS_CERT=%s ALLOT_TLS_KEY=%s\n", op.CA, op.Cert, op.Key)
+	gw := c.tls.files[holderGateway]
+	fmt.Fprintf(w, "  Go SDK gateway   client.Config.TLS from ALLOT_TLS_CA=%s ALLOT_TLS_CERT=%s ALLOT_TLS_KEY=%s\n", gw.CA, gw.Cert, gw.Key)
 }
 
 // waitGranted waits until every coordinated node holds a grant (an

@@ -101,7 +101,6 @@ func (f *regionFlags) register(fs *flag.FlagSet, grpcAddr, httpAddr string) {
 	fs.IntVar(&f.maxKeys, "max-keys", regional.DefaultMaxKeys, "bound of the key table")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&f.reportEvery, "report-interval", time.Second, "how often demand is reported to the coordinator")
-	f.tls.register(fs)
 }
 
 func (f *regionFlags) logger(stderr io.Writer) (*slog.Logger, error) {
@@ -117,6 +116,7 @@ func runRegional(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		"Serves one region's enforcer. SIGHUP reloads --config; SIGINT/SIGTERM stop gracefully.", stderr)
 	var f regionFlags
 	f.register(fs, "127.0.0.1:8081", "127.0.0.1:8080")
+	f.tls.register(fs)
 	fs.StringVar(&f.region, "region", "", "name of the region this enforcer serves (required)")
 	fs.StringVar(&f.coordinators, "coordinator", "", "coordinators' gRPC addresses, comma-separated; without it the region holds whole limits")
 	fs.StringVar(&f.instance, "instance", "", "this enforcer's id at the coordinator, unique in its region (default: the host name and a random suffix, new at every start; an instance holds nothing until the coordinator grants it a part)")

@@ -245,6 +245,11 @@ func TestPlaintextAndTLSFlags(t *testing.T) {
 		{append(region, "--insecure", "--http-addr", ":0"), "http listen address :0: --insecure is only allowed on loopback addresses"},
 		{append(region, "--insecure", "--redis", "10.0.0.7:6379"), "--redis 10.0.0.7:6379: --insecure is only allowed on loopback addresses"},
 		{append(region, "--insecure", "--peers", "eu-west=eu-west.example:8081"), "--peers eu-west.example:8081: --insecure is only allowed"},
+		// Peer in plain text takes the region a hello or a loan declares:
+		// its listener is refused on every address but a loopback one.
+		{append(region, "--insecure", "--peers", "eu-west=127.0.0.1:1", "--grpc-addr", "[::]:0"), "grpc listen address [::]:0: --insecure is only allowed on loopback addresses"},
+		{append(region, "--insecure", "--peers", "eu-west=127.0.0.1:1", "--grpc-addr", "10.0.0.7:0"), "grpc listen address 10.0.0.7:0: --insecure is only allowed"},
+		{append(region, "--insecure", "--coordinator", "10.0.0.1:8070"), "--coordinator 10.0.0.1:8070: --insecure is only allowed"},
 		{append(region, "--tls-cert", f.Cert, "--tls-key", f.Key), "--tls-cert, --tls-key and --tls-ca go together on a server"},
 		{append(region, "--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-ca", f.CA, "--insecure"), "--insecure and --tls-* flags are exclusive"},
 		{append(region, "--tls-cert", f.Cert, "--tls-key", f.Cert, "--tls-ca", f.CA), "tlsx: certificate"},
@@ -262,6 +267,8 @@ func TestPlaintextAndTLSFlags(t *testing.T) {
 		{[]string{"dev", "--grpc-addr", "0.0.0.0:0", "--http-addr", "127.0.0.1:0", "--coordinator-addr", "127.0.0.1:0", "--etcd-addr", "127.0.0.1:0"}, "--insecure is only allowed on loopback addresses"},
 		{[]string{"dev", "--etcd-addr", "0.0.0.0:0"}, "--etcd-addr 0.0.0.0:0: the embedded etcd serves plain text, on loopback only"},
 		{[]string{"demo", "--dashboard-addr", "0.0.0.0:0"}, "dashboard http listen address 0.0.0.0:0: --insecure is only allowed"},
+		{[]string{"dev", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--coordinator-addr", "0.0.0.0:0", "--etcd-addr", "127.0.0.1:0"}, "coordinator grpc listen address 0.0.0.0:0: --insecure is only allowed"},
+		{[]string{"demo", "--grpc-addr", "[::]:0", "--http-addr", "127.0.0.1:0", "--coordinator-addr", "127.0.0.1:0", "--etcd-addr", "127.0.0.1:0", "--dashboard-addr", "127.0.0.1:0"}, "grpc listen address [::]:0: --insecure is only allowed"},
 	} {
 		err := run(t.Context(), c.args, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -37,7 +38,7 @@ var (
 	// (ABORTED).
 	ErrStale = errors.New("admin: not the current version")
 	// ErrNotOperator is returned for a write over TLS whose caller's
-	// certificate names no operator (PERMISSION_DENIED).
+	// certificate does not have the operator role (PERMISSION_DENIED).
 	ErrNotOperator = errors.New("admin: only an operator's certificate may change the fleet")
 )
 
@@ -56,6 +57,14 @@ type Options struct {
 	// with the coordinator's client certificate: a region's Admin requires
 	// one when it runs TLS); nil means plain text.
 	Credentials credentials.TransportCredentials
+	// Authorization decides the roles of callers over TLS (reads need
+	// viewer, writes operator: methodRoles). nil means the roles of each
+	// identity's kind (tlsx.Identity.Roles: an operator's certificate may
+	// read and write, a coordinator's read) and none for a certificate
+	// without an identity. Callers in plain text may do everything.
+	Authorization *tlsx.Policy
+	// Registry, when set, receives the refusals counter.
+	Registry prometheus.Registerer
 	// Logger receives every change made, at info level; nil discards.
 	Logger *slog.Logger
 	// Now reads the clock; nil means time.Now.
@@ -66,9 +75,11 @@ type Options struct {
 // is not usable, call New.
 type Server struct {
 	allotv1.UnimplementedAdminServer
-	store *etcdstore.Store
-	opts  Options
-	log   *slog.Logger
+	store    *etcdstore.Store
+	opts     Options
+	log      *slog.Logger
+	policy   *tlsx.Policy
+	refusals *prometheus.CounterVec
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // region address → connection
@@ -85,11 +96,13 @@ func New(opts Options) *Server {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Server{store: opts.Store, opts: opts, log: opts.Logger.With("component", "admin"), conns: map[string]*grpc.ClientConn{}}
+	policy := opts.Authorization
+	if policy == nil {
+		policy = &tlsx.Policy{}
+	}
+	return &Server{store: opts.Store, opts: opts, log: opts.Logger.With("component", "admin"), conns: map[string]*grpc.ClientConn{},
+		policy: policy, refusals: newRefusals(opts.Registry)}
 }
-
-// Register registers the Admin service on gs.
-func (s *Server) Register(gs grpc.ServiceRegistrar) { allotv1.RegisterAdminServer(gs, s) }
 
 // Close closes the connections to the regions.
 func (s *Server) Close() {
@@ -124,20 +137,24 @@ func grpcError(err error) error {
 }
 
 // writer checks that a write's caller may make it and returns the author
-// to record. Over TLS only an operator may (its certificate names one:
-// spiffe://DOMAIN/operator/NAME), and the author is that NAME, whatever
-// the request says. In plain text (loopback only) anyone may, and the
-// author is what the request says, else the caller's address.
-func writer(ctx context.Context, said string) (string, error) {
-	id, secured, err := tlsx.Caller(ctx)
+// to record. Over TLS only a caller with the operator role may (an
+// operator's certificate, spiffe://DOMAIN/operator/NAME, or an identity
+// granted the role), and the author is that NAME (else the identity's
+// URI), whatever the request says. In plain text (loopback only) anyone
+// may, and the author is what the request says, else the caller's
+// address.
+func (s *Server) writer(ctx context.Context, said string) (string, error) {
+	c, secured := s.callerRoles(ctx)
 	switch {
 	case !secured:
-	case err != nil:
-		return "", fmt.Errorf("%w: %w", ErrNotOperator, err)
-	case id.Operator == "":
-		return "", fmt.Errorf("%w (spiffe://DOMAIN/operator/NAME); %s is not one", ErrNotOperator, id.URI)
+	case c.Anonymous():
+		return "", fmt.Errorf("%w: the certificate names no allot identity (spiffe://DOMAIN/operator/NAME)", ErrNotOperator)
+	case !c.Roles.Has(tlsx.RoleOperator):
+		return "", fmt.Errorf("%w (spiffe://DOMAIN/operator/NAME); %s is not one", ErrNotOperator, c.Identity.URI)
+	case c.Identity.Operator != "":
+		return c.Identity.Operator, nil
 	default:
-		return id.Operator, nil
+		return c.Identity.URI, nil
 	}
 	if said != "" {
 		return said, nil
@@ -256,7 +273,7 @@ func (s *Server) GetConfig(ctx context.Context, req *allotv1.GetConfigRequest) (
 
 // ApplyConfig validates a file and stores it as a new version.
 func (s *Server) ApplyConfig(ctx context.Context, req *allotv1.ApplyConfigRequest) (*allotv1.ApplyConfigResponse, error) {
-	author, err := writer(ctx, req.GetAuthor())
+	author, err := s.writer(ctx, req.GetAuthor())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -273,7 +290,7 @@ func (s *Server) ApplyConfig(ctx context.Context, req *allotv1.ApplyConfigReques
 
 // Rollback stores an earlier version's configuration as a new version.
 func (s *Server) Rollback(ctx context.Context, req *allotv1.RollbackRequest) (*allotv1.ApplyConfigResponse, error) {
-	author, err := writer(ctx, req.GetAuthor())
+	author, err := s.writer(ctx, req.GetAuthor())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -304,7 +321,7 @@ func (s *Server) Rollback(ctx context.Context, req *allotv1.RollbackRequest) (*a
 // UpdateLimit sets one limit's shadow flag or mode in the configuration in
 // force and stores the result as a new version.
 func (s *Server) UpdateLimit(ctx context.Context, req *allotv1.UpdateLimitRequest) (*allotv1.ApplyConfigResponse, error) {
-	author, err := writer(ctx, req.GetAuthor())
+	author, err := s.writer(ctx, req.GetAuthor())
 	if err != nil {
 		return nil, grpcError(err)
 	}

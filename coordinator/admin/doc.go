@@ -16,11 +16,17 @@
 // (allot.Config.WithDynamic). Errors come back as INVALID_ARGUMENT, one
 // problem a line, FILE:LINE: FIELD: MSG.
 //
-// Over TLS only an operator's certificate (spiffe://DOMAIN/operator/NAME)
-// may write (PERMISSION_DENIED otherwise), and NAME is the author recorded
-// in the history, the override or the plan assignment, whatever the
-// request says; reads are open to every verified certificate. In plain
-// text (loopback only) the request's author is recorded, as before.
+// Over TLS every method needs a role of its caller (authz.go): reads
+// (GetConfig, History, ListOverrides, ListPlans, Usage, Status) viewer,
+// writes operator; PERMISSION_DENIED otherwise, counted in
+// allot_coordinator_authorization_refusals_total{role, caller}. The roles
+// are those of the certificate's identity (an operator's certificate,
+// spiffe://DOMAIN/operator/NAME, reads and writes; a coordinator's reads)
+// plus Options.Authorization's grants, operator implying viewer. The
+// author recorded in the history, the override or the plan assignment is
+// the certificate's NAME (else its identity's URI), whatever the request
+// says. In plain text (loopback only) every caller may do everything and
+// the request's author is recorded, as before.
 //
 // Usage and Status fan out to every regional enforcer registered in etcd
 // (etcdstore.Store.Register), each of which serves the read-only part of

@@ -38,7 +38,7 @@ func (s *Server) fits(ctx context.Context, dyn allot.Dynamic) error {
 // the same domain, limit and match.
 func (s *Server) SetOverride(ctx context.Context, req *allotv1.SetOverrideRequest) (*allotv1.Override, error) {
 	p := req.GetOverride()
-	author, err := writer(ctx, p.GetAuthor())
+	author, err := s.writer(ctx, p.GetAuthor())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -101,7 +101,7 @@ func (s *Server) ListOverrides(ctx context.Context, req *allotv1.ListOverridesRe
 
 // DeleteOverride deletes an override kept in etcd.
 func (s *Server) DeleteOverride(ctx context.Context, req *allotv1.DeleteOverrideRequest) (*allotv1.DeleteOverrideResponse, error) {
-	author, err := writer(ctx, "")
+	author, err := s.writer(ctx, "")
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -128,7 +128,7 @@ func onLimit(limit string) string {
 // AssignPlan puts the requests a match selects on a plan.
 func (s *Server) AssignPlan(ctx context.Context, req *allotv1.AssignPlanRequest) (*allotv1.PlanAssignment, error) {
 	p := req.GetAssignment()
-	author, err := writer(ctx, p.GetAuthor())
+	author, err := s.writer(ctx, p.GetAuthor())
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -156,7 +156,7 @@ func (s *Server) AssignPlan(ctx context.Context, req *allotv1.AssignPlanRequest)
 
 // UnassignPlan deletes a plan assignment kept in etcd.
 func (s *Server) UnassignPlan(ctx context.Context, req *allotv1.UnassignPlanRequest) (*allotv1.UnassignPlanResponse, error) {
-	author, err := writer(ctx, "")
+	author, err := s.writer(ctx, "")
 	if err != nil {
 		return nil, grpcError(err)
 	}

@@ -16,12 +16,14 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -37,7 +39,7 @@ var Loopback = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 type CA struct {
 	Cert *x509.Certificate
 	PEM  []byte // Cert as PEM
-	key  *ecdsa.PrivateKey
+	key  crypto.Signer
 }
 
 // Leaf describes a leaf certificate.
@@ -85,6 +87,67 @@ func NewCA(name string, notAfter time.Time) (*CA, error) {
 		return nil, err
 	}
 	return &CA{Cert: cert, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), key: key}, nil
+}
+
+// KeyPEM is the CA's private key as PEM (PKCS #8), for LoadCA.
+func (ca *CA) KeyPEM() ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(ca.key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// LoadCA reads a CA from PEM: its private key (PKCS #8, SEC 1 EC or
+// PKCS #1 RSA) and, among the certificates of certPEM (a bundle), the CA
+// certificate of that key. allot dev signs its certificates with one
+// (--tls-ca, --tls-ca-key).
+func LoadCA(certPEM, keyPEM []byte) (*CA, error) {
+	blk, _ := pem.Decode(keyPEM)
+	if blk == nil {
+		return nil, errors.New("pki: the CA key is not PEM")
+	}
+	var key any
+	var err error
+	switch blk.Type {
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(blk.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(blk.Bytes)
+	default:
+		key, err = x509.ParsePKCS8PrivateKey(blk.Bytes)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pki: the CA key: %w", err)
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("pki: the CA key (%T) cannot sign", key)
+	}
+	pub, ok := signer.Public().(interface{ Equal(crypto.PublicKey) bool })
+	if !ok {
+		return nil, fmt.Errorf("pki: the CA key (%T) is of no known kind", key)
+	}
+	for rest := certPEM; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			return nil, errors.New("pki: no CA certificate of the key in the bundle")
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("pki: a CA certificate: %w", err)
+		}
+		if !pub.Equal(c.PublicKey) {
+			continue
+		}
+		if !c.IsCA || (c.KeyUsage != 0 && c.KeyUsage&x509.KeyUsageCertSign == 0) {
+			return nil, fmt.Errorf("pki: the certificate of the key (%s) is not a CA's", c.Subject)
+		}
+		return &CA{Cert: c, PEM: pem.EncodeToMemory(b), key: signer}, nil
+	}
 }
 
 // Sign signs a leaf certificate, for server and client authentication,

@@ -63,3 +63,52 @@ func TestCASignsLeaves(t *testing.T) {
 		t.Errorf("WriteFile: %v, %v", st.Mode(), err)
 	}
 }
+
+// LoadCA reads back a CA from its certificate (in a bundle with another)
+// and key: the leaves it signs verify against the original; a key of no
+// certificate of the bundle, or a leaf's, is refused.
+func TestLoadCA(t *testing.T) {
+	ca, err := pki.NewCA("test CA", time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA("other CA", time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := ca.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := pki.LoadCA(append(append([]byte{}, other.PEM...), ca.PEM...), keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !loaded.Cert.Equal(ca.Cert) {
+		t.Fatalf("loaded %s, want %s", loaded.Cert.Subject, ca.Cert.Subject)
+	}
+	certPEM, _, err := loaded.Sign(pki.Leaf{CommonName: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(certPEM)
+	leaf, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Errorf("a leaf of the loaded CA: %v", err)
+	}
+	if _, err := pki.LoadCA(other.PEM, keyPEM); err == nil {
+		t.Error("a key of no certificate of the bundle was taken")
+	}
+	leafCert, leafKey, err := ca.Sign(pki.Leaf{CommonName: "leaf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.LoadCA(leafCert, leafKey); err == nil {
+		t.Error("a leaf's certificate and key were taken as a CA")
+	}
+}

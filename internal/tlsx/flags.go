@@ -40,10 +40,9 @@ func (f *Flags) Register(fs *flag.FlagSet, prefix, what string, env bool) {
 		}
 		return os.Getenv(EnvName(prefix + name))
 	}
-	ca := "; re-read when the file changes"
-	if prefix != "" {
-		ca = "; read at start" // the etcd and Redis clients take a fixed pool
-	}
+	// Every bundle is re-read: the etcd and Redis clients verify each new
+	// connection against the one in force then, too.
+	ca := "; re-read when the file changes (new connections verify against it)"
 	fs.StringVar(&f.Cert, prefix+"tls-cert", def("tls-cert"), "TLS certificate (PEM) of "+what+"; re-read when the file changes")
 	fs.StringVar(&f.Key, prefix+"tls-key", def("tls-key"), "private key (PEM) of --"+prefix+"tls-cert")
 	fs.StringVar(&f.CA, prefix+"tls-ca", def("tls-ca"), "CA bundle (PEM) that verifies the other side for "+what+ca)

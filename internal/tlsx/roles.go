@@ -26,9 +26,12 @@ const (
 	// per-request limit overrides, in domains that allow them
 	// (allow_refunds).
 	RoleRefund
-	// RoleViewer: Admin reads (a region's Usage and Status).
+	// RoleViewer: Admin reads (a region's Usage and Status, the
+	// coordinator's GetConfig, History, ListOverrides, ListPlans, Usage
+	// and Status).
 	RoleViewer
-	// RoleOperator: Admin writes.
+	// RoleOperator: Admin writes. An operator may read too: a Policy
+	// gives every caller with operator viewer as well.
 	RoleOperator
 
 	// AllRoles is every role.
@@ -176,10 +179,11 @@ func (c CallerRoles) Kind() string {
 }
 
 // Of returns the roles of a caller with identity id (the zero Identity:
-// anonymous).
+// anonymous). A caller with operator has viewer too: who may change the
+// fleet may read it.
 func (p *Policy) Of(id Identity) CallerRoles {
 	if id.URI == "" {
-		return CallerRoles{Roles: p.Anonymous}
+		return CallerRoles{Roles: withImplied(p.Anonymous)}
 	}
 	rs := id.Roles()
 	for _, g := range p.Grants {
@@ -187,7 +191,15 @@ func (p *Policy) Of(id Identity) CallerRoles {
 			rs |= g.Roles
 		}
 	}
-	return CallerRoles{Identity: id, Roles: rs}
+	return CallerRoles{Identity: id, Roles: withImplied(rs)}
+}
+
+// withImplied adds the roles rs implies: viewer to operator.
+func withImplied(rs Roles) Roles {
+	if rs.Has(RoleOperator) {
+		rs |= RoleViewer
+	}
+	return rs
 }
 
 // Peer returns the roles of a gRPC call's caller: from the identity of

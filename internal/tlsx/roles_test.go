@@ -14,11 +14,13 @@ func TestRoles(t *testing.T) {
 	p := &tlsx.Policy{Anonymous: tlsx.RoleCheck, Grants: []tlsx.Grant{
 		{URI: "spiffe://allot/region/us-east/gateway/envoy", Roles: tlsx.RoleRefund},
 		{URI: "spiffe://allot/client/*", Roles: tlsx.RoleViewer},
+		{URI: "spiffe://allot/gateway/deployer", Roles: tlsx.RoleOperator},
 	}}
 	for _, c := range []struct{ uri, want string }{
 		{"", "check"},
 		{"spiffe://allot/region/us-east/gateway/gw1", "check,gateway"},
 		{"spiffe://allot/gateway/edge-7", "check,gateway"},
+		{"spiffe://allot/gateway/deployer", "check,gateway,viewer,operator"}, // operator implies viewer
 		{"spiffe://allot/region/us-east/gateway/envoy", "check,gateway,refund"},
 		{"spiffe://allot/client/app", "check,viewer"},
 		{"spiffe://allot/operator/alice", "check,viewer,operator"},
@@ -39,6 +41,9 @@ func TestRoles(t *testing.T) {
 		if got := p.Of(id).Roles.String(); got != c.want {
 			t.Errorf("%q: %s, want %s", c.uri, got, c.want)
 		}
+	}
+	if got := (&tlsx.Policy{Anonymous: tlsx.RoleOperator}).Of(tlsx.Identity{}).Roles.String(); got != "viewer,operator" {
+		t.Errorf("anonymous operator: %s, want viewer,operator", got)
 	}
 	if _, err := tlsx.ParseIdentityURI(&url.URL{Scheme: "spiffe", Host: "allot", Path: "/client/a/gateway/b"}); !errors.Is(err, tlsx.ErrNoIdentity) {
 		t.Errorf("a client and a gateway at once: %v", err)

@@ -84,7 +84,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		backend = httputil.NewSingleHostReverseProxy(u)
 	}
 
-	c, err := client.New(client.Config{Addrs: addrs, SyncInterval: *syncInterval})
+	// TLS to the enforcers from ALLOT_TLS_CA, ALLOT_TLS_CERT and
+	// ALLOT_TLS_KEY (allot dev --tls prints the gateway's); none: plain text.
+	tlsCfg, err := client.TLSFromEnv()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(client.Config{Addrs: addrs, SyncInterval: *syncInterval, TLS: tlsCfg})
 	if err != nil {
 		return fmt.Errorf("allot client: %w", err)
 	}
