@@ -58,8 +58,9 @@ type Config struct {
 	// TLS, when set, makes the connections TLS with it: RootCAs verify
 	// the enforcers, and a client certificate (Certificates, or
 	// GetClientCertificate to pick up a rotated one) names this gateway.
-	// TLSFromEnv builds one from ALLOT_TLS_* files. nil: plain text,
-	// unless DialOptions hold transport credentials.
+	// TLSFromEnv builds one from ALLOT_TLS_* files (its CA bundle fixed;
+	// CredentialsFromEnv, in DialOptions, follows a rotated one). nil:
+	// plain text, unless DialOptions hold transport credentials.
 	TLS *tls.Config
 	// DialOptions are added to the connections' options, after TLS's
 	// credentials (so transport credentials here take precedence);

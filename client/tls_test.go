@@ -78,3 +78,75 @@ func TestTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestCredentialsFollowARotatedCA: the enforcers' CA is rotated (the
+// bundle file gains the new CA, the enforcer's certificate is signed by
+// it). A client made before, with CredentialsFromEnv, verifies the new
+// certificate on its next connection; one with TLSFromEnv's fixed pool
+// does not.
+func TestCredentialsFollowARotatedCA(t *testing.T) {
+	pki := testpki.New(t)
+	srvFiles := pki.Issue(t, "enforcer", testpki.Leaf{IPs: testpki.Loopback})
+	src, err := tlsx.NewSource(tlsx.Files(srvFiles), tlsx.Options{Interval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := src.ServerOptions(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := allot.ParseConfig("sdk.yaml", []byte(sdkConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.New(regional.New(cfg, regional.Options{}), server.Options{Region: "r"})
+	gs := grpc.NewServer(creds...)
+	svc.RegisterGRPC(gs)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+
+	t.Setenv("ALLOT_TLS_CA", pki.CAFile)
+	dynamic, err := client.CredentialsFromEnv()
+	if err != nil || dynamic == nil {
+		t.Fatalf("CredentialsFromEnv: %v, %v", dynamic, err)
+	}
+	fixed, err := client.TLSFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := func(conf client.Config) client.Decision {
+		conf.Addrs, conf.Timeout = []string{l.Addr().String()}, 2*time.Second
+		cl, err := client.New(conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		return cl.Allow(context.Background(), "api", one("login", "alice"), 1) // exact: asks the enforcer
+	}
+	if d := allow(client.Config{DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(dynamic)}}); d.Err != nil {
+		t.Fatalf("before the rotation: %+v", d)
+	}
+	pki.RotateCA(t)
+	pki.Issue(t, "enforcer", testpki.Leaf{IPs: testpki.Loopback})
+	deadline := time.Now().Add(10 * time.Second)
+	for src.Certificate().Issuer.SerialNumber != pki.CA.Subject.SerialNumber && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	var d client.Decision
+	for {
+		if d = allow(client.Config{DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(dynamic)}}); d.Err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d.Err != nil {
+		t.Fatalf("after the rotation, CredentialsFromEnv: %+v, want the new CA trusted", d)
+	}
+	if d := allow(client.Config{TLS: fixed}); d.Err == nil {
+		t.Fatalf("after the rotation, TLSFromEnv's fixed pool: %+v, want the new certificate refused", d)
+	}
+}

@@ -34,6 +34,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/httpx"
@@ -85,12 +87,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	// TLS to the enforcers from ALLOT_TLS_CA, ALLOT_TLS_CERT and
-	// ALLOT_TLS_KEY (allot dev --tls prints the gateway's); none: plain text.
-	tlsCfg, err := client.TLSFromEnv()
+	// ALLOT_TLS_KEY (allot dev --tls prints the gateway's), CA and
+	// certificate read at every new connection; none: plain text.
+	creds, err := client.CredentialsFromEnv()
 	if err != nil {
 		return err
 	}
-	c, err := client.New(client.Config{Addrs: addrs, SyncInterval: *syncInterval, TLS: tlsCfg})
+	var dial []grpc.DialOption
+	if creds != nil {
+		dial = append(dial, grpc.WithTransportCredentials(creds))
+	}
+	c, err := client.New(client.Config{Addrs: addrs, SyncInterval: *syncInterval, DialOptions: dial})
 	if err != nil {
 		return fmt.Errorf("allot client: %w", err)
 	}
