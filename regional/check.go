@@ -463,10 +463,11 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 	}
 	hist, c := w.ls.shares.hist(w.key), w.ls.changeFor(w.base)
 	hist.fresh(s, now, w.base, c)
-	if exact, _ := t.shards[shardOf(w.key)].recall(s, now, w.p); exact { // evicted while active
+	exact, conservative := t.shards[shardOf(w.key)].recall(s, now, w.p) // evicted while active
+	if exact {
 		hist.catchUp(s, w.base, c)
 	}
-	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
+	t.restoreSlot(s, w, now, conservative) // persisted long windows (persist.go)
 }
 
 // sharedOf returns w's link to other regions when w is a shared-mode

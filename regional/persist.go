@@ -240,7 +240,11 @@ func (sh *shard) evictMark() {
 // does not list may have been admitted up to it). A key whose plan gives
 // it a window of its own is spent in a restored window. The caller holds
 // the key's shard lock; s was just made fresh.
-func (t *table) restoreSlot(s *slot, w *work, now int64) {
+//
+// A key recalled as conservatively as an evicted key that shared its
+// place (table.go recall: its count unknown) is counted at its mark when
+// it has one in this window, which bounds what it may have admitted.
+func (t *table) restoreSlot(s *slot, w *work, now int64, conservative bool) {
 	c := t.persist.Load()
 	if c == nil || !c.gated(w) {
 		return
@@ -261,6 +265,9 @@ func (t *table) restoreSlot(s *slot, w *work, now int64) {
 	init := 0.0
 	if km := t.shards[shardOf(w.key)].marks[w.key]; km != nil && km.win == win {
 		init = km.mark
+		if conservative && s.a == unknownCount {
+			s.a = 0 // the mark bounds it
+		}
 	}
 	if restored {
 		init = max(init, floor)

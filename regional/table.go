@@ -220,10 +220,12 @@ const merged = ^uint64(0)
 
 // remember keeps the state of a key evicted while active, so that the key
 // made again is not fresh: what it spent stays spent. victims is a
-// direct-mapped table made at the first such eviction (an eighth of the
-// shard's keys). Two active keys in one entry merge into one that keeps
-// the later idleAt: a key made again from it is as charged as any state
-// with that idleAt can be (recall), never less charged than it was.
+// two-way table made at the first such eviction (an eighth of the
+// shard's keys, at least 16): each key has two places. When both hold
+// other active keys, the key merges into the one idle sooner: a merged
+// entry keeps the later idleAt, and a key of either place made again
+// from it is as charged as any state with that idleAt can be (recall),
+// never less charged than it was.
 func (s *shard) remember(sl slot, now int64) {
 	if s.victims == nil {
 		n := minShardCap
@@ -232,50 +234,78 @@ func (s *shard) remember(sl slot, now int64) {
 		}
 		s.victims = make([]slot, n)
 	}
-	v := &s.victims[sl.key&uint64(len(s.victims)-1)]
+	i, j := s.places(sl.key)
+	vi, vj := &s.victims[i], &s.victims[j]
 	switch {
-	case v.key == 0 || v.idleAt <= now || v.key == sl.key:
-		*v = sl
+	case vi.key == sl.key:
+		*vi = sl
+	case vj.key == sl.key:
+		*vj = sl
+	case vi.key == 0 || vi.idleAt <= now:
+		*vi = sl
+	case vj.key == 0 || vj.idleAt <= now:
+		*vj = sl
 	default:
+		v := vi
+		if vj.idleAt < vi.idleAt {
+			v = vj
+		}
 		*v = slot{key: merged, idleAt: max(v.idleAt, sl.idleAt)}
 	}
 }
 
+// places are key's two places in victims.
+func (s *shard) places(key uint64) (int, int) {
+	mask := uint64(len(s.victims) - 1)
+	return int(key & mask), int(mix(key) & mask)
+}
+
 // recall makes s, the fresh slot of key just inserted at now, what it was
-// when evicted, and reports whether it did: exactly when its own state
-// is kept (the caller brings it through the share changes since), or, in
-// a merged entry that is not idle yet, as charged as any key it stands
-// for can be under p: an empty bucket (a share raised since the
-// eviction would make a bucket refilling to full at the entry's idleAt
-// hold more than the key did), a window closed for the rest of this
-// window and the next when the idleAt says the key was charged in it
-// (the limit in force then may have been above today's), else counted
-// full as the previous window.
-func (s *shard) recall(sl *slot, now int64, p params) (exact, recalled bool) {
+// when evicted: exactly when its own state is kept (exact: the caller
+// brings it through the share changes since), or, when one of its places
+// holds a merged entry not idle yet, as charged as any key it stands for
+// can be under p (conservative): an empty bucket (a share raised since
+// the eviction would make a bucket refilling to full at the entry's
+// idleAt hold more than the key did), a window closed for the rest of
+// this window and the next when the idleAt says the key may have been
+// charged in it (the limit in force then may have been above today's),
+// else a fresh window (a persisted key is counted at its mark instead:
+// restoreSlot).
+func (s *shard) recall(sl *slot, now int64, p params) (exact, conservative bool) {
 	if s.victims == nil {
 		return false, false
 	}
-	v := &s.victims[sl.key&uint64(len(s.victims)-1)]
-	if v.idleAt <= now || v.key != sl.key && v.key != merged {
-		return false, false
+	i, j := s.places(sl.key)
+	var m *slot
+	for _, k := range [2]int{i, j} {
+		v := &s.victims[k]
+		if v.idleAt <= now {
+			continue
+		}
+		if v.key == sl.key {
+			*sl, *v = *v, slot{}
+			s.stats.recalled++
+			return true, false
+		}
+		if v.key == merged && (m == nil || v.idleAt > m.idleAt) {
+			m = v
+		}
 	}
-	if v.key == sl.key {
-		*sl, *v = *v, slot{}
-		s.stats.recalled++
-		return true, true
+	if m == nil {
+		return false, false
 	}
 	s.stats.conservative++
 	switch p.alg {
 	case allot.TokenBucket, allot.GCRA:
 		setTokens(sl, now, 0, p)
-	case allot.SlidingWindow:
+	case allot.SlidingWindow: // what a window of true time may hold is its count: the previous one only smooths
 		ws := now - now%p.period
-		sl.t, sl.a, sl.b = ws, 0, p.amount
-		if v.idleAt > ws+p.period { // charged in this window, up to any limit in force in it
+		sl.t, sl.a, sl.b = ws, 0, 0
+		if m.idleAt > ws+p.period { // may have been charged in this window, up to any limit in force in it
 			sl.a = unknownCount
 		}
 	}
-	sl.idleAt = max(v.idleAt, now+p.wait(p.burst))
+	sl.idleAt = max(m.idleAt, now+p.wait(p.burst))
 	return false, true
 }
 
