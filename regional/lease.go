@@ -6,24 +6,42 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/allot-dev/allot"
 )
 
 // Leases. An instance takes a leased key's tokens from the store in
-// batches and spends them in memory. A lease's size follows this
-// instance's spend rate: what it spends in one LeaseTTL (1% of the
-// region's burst B for the key at first), at most B ÷ (2 × instances), so
-// that the instances together hold at most half the bucket and none can
-// starve the others. A lease below half its size is topped up to its size
-// by the request that notices, after its own decision, so that requests
+// batches and spends them in memory. A lease's size follows this key's
+// demand at this instance (what its requests ask, admitted or not): what
+// they ask in the lease's life, a LeaseTTL (1% of the region's burst B
+// for the key at first), at most B ÷ (2 × instances), so that the
+// instances together hold at most half the bucket and none can starve
+// the others. A lease below half its size is topped up to its size by
+// the request that notices, after its own decision, so that requests
 // seldom wait for the store. Unused tokens go back when the lease expires
 // (Tick) or at shutdown (Close); sliding window leases expire with their
 // window.
+//
+// When the store holds less than a lease asks, the lease takes what is
+// there (a partial lease) and asks again once half a lease has come back,
+// rejecting meanwhile once spent (nextAsk). A sliding window under
+// saturation loses what is left in its store and in its leases when it
+// ends (that window admitted less, and the next can admit no more than
+// its amount), so its leases live no longer than their window, are sized
+// to what their key asks in the time left (in halves in the last stretch),
+// take what the window will gain in the next half of its period
+// (LeaseOp.Ahead, at most a LeaseTTL), and the last ask of a window comes
+// within half that of its end: its leases drain the window.
 //
 // Bound: every token spent was taken from the store's bucket, which admits
 // at most B + rate × T over any interval T; tokens held at the interval's
 // start may be spent on top. So a leased key admits at most
 // B + rate × T + B/2 over any interval T, and B + rate × T from its first
-// use. A crashed instance's leases are lost, which only under-admits.
+// use. A leased sliding window (B its amount) admits at most its amount
+// in each of its windows, as the store's window counts every lease taken
+// in it, and looking ahead passes the window's weighted estimate by at
+// most what it gains in half a period, B/2: B + rate × T + B/2 again. A
+// crashed instance's leases are lost, which only under-admits.
 
 // leaseShard holds the leases of keys of one shard.
 type leaseShard struct {
@@ -36,16 +54,17 @@ type leaseShard struct {
 // guards it.
 type lease struct {
 	stats   *limitStats
-	bucket  Bucket  // as of the last store call, for give-backs
-	tokens  float64 // held, not spent
-	expires int64   // unix ns from which tokens must go back, not be spent
-	window  int64   // sliding_window: the window the tokens came from
-	denied  int64   // unix ns until which the store is known to be short
-	avail   float64 // the store's tokens after the last grant
-	size    float64 // the size of the last lease taken
-	since   int64   // last grant (unix ns); spent counts from it
-	spent   float64
-	rate    float64       // spend rate estimate, tokens per second
+	bucket  Bucket        // as of the last store call, for give-backs
+	tokens  float64       // held, not spent
+	expires int64         // unix ns from which tokens must go back, not be spent
+	window  int64         // sliding_window: the window the tokens came from
+	ends    int64         // sliding_window: unix ns at which the window of the last store call ends
+	denied  int64         // unix ns until which the store is known to be short
+	avail   float64       // the store's tokens after the last grant
+	size    float64       // the size of the last lease taken
+	since   int64         // last store call (unix ns); asked counts from it
+	asked   float64       // what this key's requests cost since, admitted or not
+	rate    float64       // demand rate estimate (asked), tokens per second
 	refill  chan struct{} // non-nil while a store call runs for the lease; closed after
 }
 
@@ -70,6 +89,7 @@ func (d *decision) spend(i int) (outcome, error) {
 	w, t := &d.ws[i], d.t
 	sh := &d.r.f.leases[shardOf(w.key)]
 	sh.mu.Lock()
+	sh.get(w.key).asked += w.cost
 	for {
 		l := sh.get(w.key)
 		switch {
@@ -114,9 +134,12 @@ func (d *decision) refill(i int, sh *leaseShard, l *lease, need float64) error {
 		op.Return, op.Window = l.tokens, l.window
 		l.tokens = 0
 	}
-	size := f.leaseSize(l, p)
+	size := f.leaseSize(l, p, t)
 	op.Min = max(need-l.tokens, 0)
 	op.Want = max(op.Min, size-l.tokens)
+	if left := l.windowLeft(p, t); left > 0 {
+		op.Ahead = time.Duration(min(left, f.ahead(p)))
+	}
 	if op.Want <= 0 && op.Return <= 0 {
 		return nil // a top-up that the new size no longer calls for
 	}
@@ -136,18 +159,66 @@ func (d *decision) refill(i int, sh *leaseShard, l *lease, need float64) error {
 	}
 	l.granted(op, res[0], t, f.opts.LeaseTTL)
 	l.size = size
-	if res[0].Granted == 0 && op.Want > 0 {
-		// Ask again when a whole lease is there, not at every request, and
-		// at least every lease TTL: a share raised since (from 0, say, for
-		// an instance that held nothing) may fill it sooner.
-		l.denied = t + min(max(int64(res[0].RetryAfter), p.wait(size-res[0].Available), 1), int64(f.opts.LeaseTTL))
+	if res[0].Granted < op.Want {
+		l.denied = t + f.nextAsk(l, p, size, res[0], t)
 	}
 	return nil
 }
 
+// nextAsk is how long after a grant short of what it asked (the store
+// held less) the lease asks the store again; till then it is spent, then
+// rejects: the store is short. It asks when half a lease has come back
+// into the store, not at every request (at most one store call per half
+// lease), and not later than a lease TTL (a share raised since, from 0
+// say, may fill it sooner) nor, for a sliding window, than its window's
+// end: once within half the look-ahead of the end at the latest, so that
+// one ask reaches it (refill). Near that end its leases are smaller
+// (leaseSize), so its last asks come at about half the time left, down to
+// the time the window gains 0.5% of its amount in.
+func (f *Enforcer) nextAsk(l *lease, p params, size float64, r LeaseResult, t int64) int64 {
+	chunk := max(size/2, 1)
+	if p.alg == allot.SlidingWindow {
+		chunk = max(chunk, p.amount/200)
+	}
+	wait := p.wait(chunk - r.Available)
+	if r.Granted == 0 {
+		wait = max(wait, int64(r.RetryAfter))
+	}
+	wait = min(max(wait, 1), int64(f.opts.LeaseTTL))
+	if left := l.windowLeft(p, t); left > 0 {
+		if h := f.ahead(p) / 2; left > h {
+			left -= h
+		}
+		wait = min(wait, left)
+	}
+	return wait
+}
+
+// ahead is how far a sliding window's lease looks ahead: half the
+// window, at most a LeaseTTL (its life). What the window gains in half
+// its period is at most half its amount: a leased sliding window stays
+// within burst + rate × T + burst/2 over any interval T, as a leased
+// bucket does.
+func (f *Enforcer) ahead(p params) int64 {
+	return min(p.period/2, int64(f.opts.LeaseTTL))
+}
+
+// windowLeft is, for a sliding window, how long the window of instant t
+// has left, as the store's last answer gives it on this instance's clock;
+// 0 when not known.
+func (l *lease) windowLeft(p params, t int64) int64 {
+	if p.alg != allot.SlidingWindow || l.ends <= 0 || p.period <= 0 {
+		return 0
+	}
+	left := l.ends - t
+	if left <= 0 { // a later window
+		left = p.period - (-left)%p.period
+	}
+	return left
+}
+
 func (l *lease) take(cost float64) outcome {
 	l.tokens -= cost
-	l.spent += cost
 	return outcome{allowed: true, remaining: l.tokens + l.avail}
 }
 
@@ -159,13 +230,20 @@ func (l *lease) granted(op LeaseOp, r LeaseResult, t int64, ttl time.Duration) {
 		l.stats.returned.Add(uint64(op.Return))
 	}
 	if l.since > 0 && t > l.since {
-		rate := l.spent * 1e9 / float64(t-l.since)
+		// Averaged over about a quarter of a lease's life, weighing each
+		// interval by its length: store calls close together say little.
+		dt := float64(t - l.since)
+		rate := l.asked * 1e9 / dt
 		if l.rate > 0 {
-			rate = (rate + l.rate) / 2
+			w := 1 - math.Exp(-dt/float64(ttl/4))
+			rate = w*rate + (1-w)*l.rate
 		}
 		l.rate = rate
 	}
-	l.since, l.spent, l.avail = t, 0, r.Available
+	l.since, l.asked, l.avail = t, 0, r.Available
+	if r.WindowLeft > 0 {
+		l.ends = t + int64(r.WindowLeft)
+	}
 	if r.Granted > 0 {
 		l.stats.grants.Add(1)
 		l.stats.granted.Add(uint64(r.Granted))
@@ -177,14 +255,28 @@ func (l *lease) granted(op LeaseOp, r LeaseResult, t int64, ttl time.Duration) {
 	}
 }
 
-// leaseSize is how many tokens l's next lease holds: what this instance
-// spends in a LeaseTTL, 1% of the burst while that is not known yet, at
-// most burst ÷ (2 × instances).
-func (f *Enforcer) leaseSize(l *lease, p params) float64 {
+// leaseSize is how many tokens l's next lease holds: what its key asks
+// of this instance in the lease's life, 1% of the burst while that is not
+// known yet, at most burst ÷ (2 × instances). A lease lives a LeaseTTL, a
+// sliding window's no longer than its window: what its leases hold when
+// the window ends is lost, so a lease late in a window is smaller.
+func (f *Enforcer) leaseSize(l *lease, p params, t int64) float64 {
 	most := max(1, math.Floor(p.burst/float64(2*f.Instances())))
 	want := math.Ceil(p.burst / 100)
 	if l.rate > 0 {
-		want = math.Ceil(l.rate * f.opts.LeaseTTL.Seconds())
+		life := int64(f.opts.LeaseTTL)
+		left := l.windowLeft(p, t)
+		if left > 0 && left <= f.ahead(p) {
+			// The window's last leases, in halves of what is left, so
+			// that little is left at its end: none when the key asks
+			// less than one in that time (its requests take what they
+			// need).
+			return min(most, math.Round(l.rate*float64(left/2)/1e9))
+		}
+		if left > 0 {
+			life = min(life, left)
+		}
+		want = math.Ceil(l.rate * float64(life) / 1e9)
 	}
 	return min(most, max(want, 1))
 }
@@ -196,7 +288,7 @@ func (f *Enforcer) unspend(key uint64, cost float64) {
 	sh.mu.Lock()
 	if l := sh.m[key]; l != nil {
 		l.tokens += cost
-		l.spent -= cost
+		l.asked -= cost
 	}
 	sh.mu.Unlock()
 }
@@ -219,7 +311,9 @@ func (f *Enforcer) returnLeases(ctx context.Context, now time.Time, all bool) er
 				ops = append(ops, LeaseOp{Bucket: l.bucket, Return: l.tokens, Window: l.window})
 				stats = append(stats, l.stats)
 				l.tokens = 0
-			case l.tokens <= 0 && t >= l.expires && t >= l.denied:
+			case l.tokens <= 0 && t >= l.expires && t >= l.denied && t-l.since >= int64(f.opts.LeaseTTL):
+				// Idle for a lease TTL: a lease that a busy key renews at
+				// every window keeps its rate.
 				delete(sh.m, k)
 			}
 		}

@@ -96,6 +96,10 @@ type LeaseOp struct {
 	// older window are not given back, they no longer count.
 	Window    int64
 	Min, Want float64
+	// Ahead is, for sliding_window, how far ahead of now (within the
+	// window) the grant may reach: it takes from what the window will
+	// hold then.
+	Ahead time.Duration
 }
 
 // LeaseResult is one bucket's answer to a LeaseOp.
@@ -273,7 +277,12 @@ func (m *MemoryStore) Lease(ctx context.Context, now time.Time, ops []LeaseOp, r
 		s := m.get(op.Key, t, p)
 		giveBack(s, t, p, op.Return, op.Window)
 		r := LeaseResult{}
-		if g := math.Min(op.Want, math.Floor(available(s, t, p))); g >= op.Min && g > 0 && take(s, t, p, g, false).allowed {
+		at := t
+		if p.alg == allot.SlidingWindow && op.Ahead > 0 {
+			roll(s, t, p)
+			at = min(t+int64(op.Ahead), s.t+p.period-1)
+		}
+		if g := math.Min(op.Want, math.Floor(available(s, at, p))); g >= op.Min && g > 0 && take(s, at, p, g, false).allowed {
 			r.Granted = g
 		} else {
 			trial := *s

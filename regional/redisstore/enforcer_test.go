@@ -366,3 +366,88 @@ limits:
 	tickUntil(fs[:5], 5)
 	tickUntil(fs[:4], 4) // one crashed: it expires after three heartbeats
 }
+
+// TestLeasedSaturatedWindowUsesItsAllowance hammers a leased sliding
+// window of 1000/1s from 2 instances of 4 workers each on a real
+// redis-server (the windows are Redis TIME's, which is this machine's
+// clock) and counts what they admit in each whole window: at most the
+// window's amount, and at least 99% of it (a lease short of a whole one
+// used to wait for it; what the store and the leases held when a window
+// ended was lost).
+func TestLeasedSaturatedWindowUsesItsAllowance(t *testing.T) {
+	srv := redistest.Start(t)
+	const cfg = `
+domain: api
+limits:
+  - {name: per-user, match: {user: "*"}, rate: 1000/1s, algorithm: sliding_window, enforcement: leased, on_failure: closed}
+`
+	var fs []*regional.Enforcer
+	for i := range 2 {
+		f, _ := instance(t, cfg, fmt.Sprint(i), redisstore.Options{Addrs: []string{srv.Addr}}, 5*time.Second)
+		fs = append(fs, f)
+	}
+	for _, f := range fs {
+		f.Tick(context.Background(), time.Now())
+	}
+	for _, f := range fs {
+		f.Tick(context.Background(), time.Now())
+	}
+	// Two windows to settle, then three to count.
+	start := time.Now().Truncate(time.Second).Add(time.Second)
+	first, end := start.Add(2*time.Second), start.Add(5*time.Second)
+	time.Sleep(time.Until(start))
+	var mu sync.Mutex
+	perWindow := map[int64]int{}
+	var wg sync.WaitGroup
+	for _, f := range fs {
+		for range 4 {
+			wg.Go(func() {
+				for {
+					now := time.Now()
+					if !now.Before(end) {
+						return
+					}
+					var dec allot.Decision
+					if err := f.CheckItems(context.Background(), now, "api", []regional.Item{{Descriptor: desc("user", "1"), Hits: 1}}, &dec); err != nil {
+						t.Error(err)
+						return
+					}
+					if dec.Allowed && !now.Before(first) {
+						mu.Lock()
+						perWindow[now.Unix()]++
+						mu.Unlock()
+					}
+					if !dec.Allowed {
+						time.Sleep(100 * time.Microsecond) // 8 workers: up to 80,000 rejected requests a second
+					}
+				}
+			})
+		}
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	for now := range tick.C {
+		if !now.Before(end) {
+			break
+		}
+		for _, f := range fs {
+			f.Tick(context.Background(), now)
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	total := 0
+	for w, n := range perWindow {
+		total += n
+		if n > 1000 {
+			t.Errorf("window %d admitted %d, above 1000", w, n)
+		}
+	}
+	var grants uint64
+	for _, f := range fs {
+		grants += f.Stats().Limits[0].LeaseGrants
+	}
+	t.Logf("admitted %v (%d in 3 windows) with %d leases", perWindow, total, grants)
+	if len(perWindow) != 3 || total < 2970 {
+		t.Errorf("admitted %d in %d windows, want ≥ 99%% of 1000 in each of 3", total, len(perWindow))
+	}
+}

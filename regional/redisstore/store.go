@@ -478,7 +478,7 @@ func (s *Store) Lease(ctx context.Context, _ time.Time, ops []regional.LeaseOp, 
 	for i := range ops {
 		op := &ops[i]
 		calls[i] = call{script: &leaseScript, keys: []string{s.key(op.Key)},
-			args: append(bucketArgs(&op.Bucket, make([]any, 0, 8)), op.Return, op.Window/1000, op.Min, op.Want)}
+			args: append(bucketArgs(&op.Bucket, make([]any, 0, 9)), op.Return, op.Window/1000, op.Min, op.Want, op.Ahead.Microseconds())}
 	}
 	if err := s.do(ctx, "lease", calls); err != nil {
 		return err

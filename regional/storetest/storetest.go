@@ -127,6 +127,37 @@ func Run(t *testing.T, s regional.Store) {
 			}
 		})
 	}
+	t.Run("lease sliding_window ahead", func(t *testing.T) {
+		// A 300ms window of 10: the first takes all 10; early in the next,
+		// whose weighted estimate still counts most of them, a lease takes
+		// what the window holds now, and one looking ahead (past the
+		// window's end: to its end) what it will hold at its end, never more
+		// than the window's amount in all.
+		const period = 300 * time.Millisecond
+		b := bucket("ahead", allot.SlidingWindow, 10, 10, period)
+		first := lease(t, s, regional.LeaseOp{Bucket: b, Min: 10, Want: 10})
+		if first.Granted != 10 {
+			t.Fatalf("first lease: %+v, want all 10", first)
+		}
+		time.Sleep(first.WindowLeft + 20*time.Millisecond)
+		now := lease(t, s, regional.LeaseOp{Bucket: b, Min: 1, Want: 10})
+		if now.Window != first.Window+int64(period) || now.WindowLeft < period/2 {
+			t.Skipf("not early in the next window: %+v after %+v", now, first)
+		}
+		if now.Granted > 5 {
+			t.Fatalf("early in the next window: granted %v, want what the weighted estimate leaves (at most 5)", now.Granted)
+		}
+		ahead := lease(t, s, regional.LeaseOp{Bucket: b, Min: 1, Want: 10, Ahead: time.Hour})
+		if ahead.Window != now.Window {
+			t.Skipf("the window ended: %+v", ahead)
+		}
+		if ahead.Granted != 9-now.Granted {
+			t.Fatalf("looking ahead to the window's end: granted %v after %v, want %v (10 less a hair of the previous window)", ahead.Granted, now.Granted, 9-now.Granted)
+		}
+		if again := lease(t, s, regional.LeaseOp{Bucket: b, Min: 1, Want: 10, Ahead: time.Hour}); again.Granted != 0 && again.Window == now.Window {
+			t.Fatalf("a window's leases passed its amount: %+v", again)
+		}
+	})
 	t.Run("heartbeat", func(t *testing.T) {
 		region := prefix + "region"
 		for i, step := range []struct {

@@ -5,7 +5,9 @@
 -- that fails (under-admission until the bucket refills), never returned
 -- twice by a late call and a caller's retry.
 -- KEYS[1]: the bucket. ARGV: alg, amount, burst, period, return, window of
--- the returned tokens (sliding_window; µs; 0: the current one), min, want.
+-- the returned tokens (sliding_window; µs; 0: the current one), min, want,
+-- ahead (sliding_window; µs: the grant takes from what the window will
+-- hold that much later, within the window; 0: now).
 -- Returns: granted, available after, retry after (µs; when none was
 -- granted), window start and time left (sliding_window; µs).
 local now = now_us()
@@ -13,6 +15,7 @@ if late(now) then return redis.error_reply(LATE) end
 local key = KEYS[1]
 local alg, amount, burst, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ret, win, min, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local ahead = tonumber(ARGV[9] or 0)
 local s = load(key, alg, burst, period, now)
 if ret > 0 then
   if alg == 2 then
@@ -28,8 +31,13 @@ if ret > 0 then
   end
 end
 local granted, retry = 0, 0
-local g = math.min(want, math.floor(available(s, alg, amount, burst, period, now)))
-if g >= min and g > 0 and take(s, alg, amount, burst, period, g, now) then
+local at = now
+if alg == 2 and ahead > 0 then
+  roll(s, period, now)
+  at = math.min(now + ahead, s.t + period - 1)
+end
+local g = math.min(want, math.floor(available(s, alg, amount, burst, period, at)))
+if g >= min and g > 0 and take(s, alg, amount, burst, period, g, at) then
   granted = g
 else
   local _, _, _, r = take({t = s.t, a = s.a, b = s.b}, alg, amount, burst, period, math.max(min, 0), now)
