@@ -103,6 +103,7 @@ type sharedKey struct {
 	inj    pair    // the others' counts the slot holds
 	pub    pair    // own counts collected
 	peers  pair    // Σ of the other regions' slots
+	heard  []heard // each expected peer's slot as heard here, for unheard
 	sibs   pair    // Σ of the region's other instances
 	// sent are own counts of window sentW as collected, oldest first, at
 	// least a quarter of a sync interval apart: what the peers have seen
@@ -164,6 +165,93 @@ func (sk *sharedKey) seen(now int64, w uint64) float64 {
 		}
 	}
 	return 0
+}
+
+// heard is what this region last heard of one peer's slot of a key.
+type heard struct {
+	p  pair  // the peer's slot, windows w and w−1
+	at int64 // unix ns: when its slot of window p.w last rose here
+	// lag is how long the peer's count takes to reach this region,
+	// measured by the first count of each window heard: it arrived that
+	// long after the window began, less the time the peer took to admit
+	// it at its previous window's pace. It follows a shorter measure at
+	// once and a longer one slowly (a skewed clock, before the node's
+	// estimate of the coordinator's time, makes it too long).
+	lag int64
+}
+
+// hear records a rise of peer i's slot of window w to v, heard at now.
+func (sk *sharedKey) hear(i int, w uint64, v float64, now int64) {
+	ss := sk.ss
+	if i < 0 || i >= len(ss.expected) {
+		return
+	}
+	if len(sk.heard) != len(ss.expected) {
+		sk.heard = make([]heard, len(ss.expected))
+	}
+	h := &sk.heard[i]
+	first := w > h.p.w
+	before, _ := h.p.at(w)
+	h.p.raise(w, v)
+	if after, _ := h.p.at(w); after <= before || w != h.p.w {
+		return
+	}
+	h.at = now
+	start := int64(w) * ss.period
+	if _, prev := h.p.at(w); first && prev > 0 && now > start && now-start < ss.period {
+		lag := now - start - int64(v*float64(ss.period)/prev)
+		switch {
+		case lag < 0:
+		case h.lag <= 0 || lag < h.lag:
+			h.lag = min(lag, ss.syncEvery)
+		default:
+			h.lag += (min(lag, ss.syncEvery) - h.lag) / 8
+		}
+	}
+}
+
+// unheard is what the peers admitted of window w that has not reached
+// this region by now, as each peer's pace in the previous window (its
+// count ÷ the period; for a key new to it, its pace so far) predicts it:
+// what is in flight (the pace over its lag), and what it admitted since
+// the count heard was collected (the pace over the time since that count
+// arrived, or since w began if none has), at most hotFraction of L (past
+// that, it sends its count at its next tick). A peer that admits sends
+// its count at least every sync interval; one not heard of for longer
+// than that and its lag is taken as idle. With only what is known, every
+// region admits above L what its peers admitted in the lag, in every
+// window of steady state; with this its view keeps up with them. It only
+// adds to the peers' counts, so every bound stated (the budget,
+// capUnseen; allot.SharedBound) holds as before; a pace that drops is
+// over-estimated for a window at most, and the region under-admits
+// meanwhile.
+func (sk *sharedKey) unheard(w uint64, now int64) float64 {
+	ss := sk.ss
+	start := int64(w) * ss.period
+	var sum float64
+	for i := range sk.heard {
+		h := &sk.heard[i]
+		cur, prev := h.p.at(w)
+		since := start
+		if h.p.w == w {
+			since = max(since, h.at)
+		}
+		lag := h.lag
+		if lag <= 0 {
+			lag = ss.syncEvery / 4 // not measured yet
+		}
+		pace := prev / float64(ss.period)
+		if covered := since - lag - start; prev <= 0 && covered >= ss.syncEvery {
+			pace = cur / float64(covered) // a key new to the peer: its pace so far
+		}
+		if age := now - since; pace > 0 && age <= ss.syncEvery+lag {
+			// The peer sends its count once it rose by hotFraction of L
+			// (at its next tick): what it admitted since the count heard
+			// was collected is at most that, and what is in flight.
+			sum += min(pace*float64(age), hotFraction*sk.limit) + pace*float64(lag)
+		}
+	}
+	return sum
 }
 
 // capUnseen lowers the amount of a shared work so that the own count of
@@ -286,7 +374,8 @@ func (t *table) inject(sh *shard, i int, w *work, ss *limitSync, items []Item, n
 		sk.fallbackCap(w, win, own+cur)
 	} else {
 		pc, pp := sk.peers.at(win)
-		cur, prev = cur+pc, prev+pp
+		un := sk.unheard(win, now)
+		cur, prev = cur+pc+un, prev+pp
 		sk.limit = w.p.amount
 	}
 	s.a += cur - sk.inj.cur
@@ -664,7 +753,11 @@ func (e *Engine) Inbound(now time.Time, from Source, b Batch) (resync bool, err 
 	ss.mu.Unlock()
 	for _, kw := range touched {
 		d := &b.Deltas[kw.i]
-		e.withSharedKey(ss, ls, hashes[kw.i], d.Key, func(sk *sharedKey) { sk.peers.raise(d.Window, kw.others) })
+		peer := slices.Index(ss.expected, d.Origin)
+		e.withSharedKey(ss, ls, hashes[kw.i], d.Key, func(sk *sharedKey) {
+			sk.peers.raise(d.Window, kw.others)
+			sk.hear(peer, d.Window, float64(d.Value), t)
+		})
 	}
 	return resync, nil
 }

@@ -317,7 +317,7 @@ func TestSharedSteadyState(t *testing.T) {
 		windows      int
 		maxOvershoot float64 // fraction of L
 	}{
-		{"1000/1s tick 25ms delay 5ms", sharedConfig, 25 * time.Millisecond, 5 * time.Millisecond, 10, 0.05},
+		{"1000/1s tick 25ms delay 5ms", sharedConfig, 25 * time.Millisecond, 5 * time.Millisecond, 10, 0.02},
 		{"1000/1s tick 10ms delay 5ms", sharedConfig, 10 * time.Millisecond, 5 * time.Millisecond, 10, 0.02},
 		{"60000/1m tick 25ms delay 50ms", strings.Replace(sharedConfig, "1000/1s", "60000/1m", 1), 25 * time.Millisecond, 50 * time.Millisecond, 3, 0.01},
 	} {
