@@ -47,7 +47,10 @@ func SharedBudget(amount float64, period, syncInterval time.Duration) float64 {
 // otherwise (a loss counts once the resync it triggers arrives). In a
 // region of n instances each instance keeps its own budget: n times the
 // bound. With a request costing more than SharedBudget, that cost
-// replaces it.
+// replaces it. The regional engine also counts what each peer admitted
+// since its count was last heard, at the peer's pace: that only lowers
+// what a region admits, so the bound stands, and in steady state the
+// total stays near amount (the lag's admissions are no longer on top).
 func SharedBound(amount float64, period, syncInterval, delay time.Duration, regions int) float64 {
 	if regions < 2 {
 		return 0

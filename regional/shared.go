@@ -17,7 +17,9 @@ import (
 // window's counts are this instance's own plus every other region's slot
 // of the key's G-counter (and, for a region of several instances, the
 // other instances' counts): own_r(w) + Σ_{s≠r} known_s(w) + cost ≤ L,
-// estimated over the current and previous windows.
+// estimated over the current and previous windows, where known_s of the
+// current window includes what s admitted that has not arrived yet, as
+// its pace predicts it (sharedKey.unheard).
 //
 // The key's slot in the table holds those sums. Its side entry
 // (sharedKey) remembers what part of them is the others' (inj), so that
