@@ -89,9 +89,11 @@ func (d *decision) spend(i int) (outcome, error) {
 	w, t := &d.ws[i], d.t
 	sh := &d.r.f.leases[shardOf(w.key)]
 	sh.mu.Lock()
-	sh.get(w.key).asked += w.cost
-	for {
+	for asked := false; ; {
 		l := sh.get(w.key)
+		if !asked { // the key's demand, admitted or not, sizes its leases
+			l.asked, asked = l.asked+w.cost, true
+		}
 		switch {
 		case t < l.expires && w.cost <= l.tokens:
 			o := l.take(w.cost)
