@@ -343,8 +343,8 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 			r.reconfigure(t, d)
 		case k < 12: // requests
 			h := r.holders[d.int(0, len(r.holders)-1)]
-			if r.maxKeys > 0 && d.bool() { // other users first: under MaxKeys, they evict
-				for range d.int(1, 40) {
+			if r.maxKeys > 0 && d.int(0, 2) == 0 { // other users first: under MaxKeys, they evict
+				for range d.int(1, 16) {
 					if err := h.e.Check(r.clock(h), "api", user(fmt.Sprint(d.int(100, 1100))), 1, &r.dec); err != nil {
 						t.Fatal(err)
 					}
