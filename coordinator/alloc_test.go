@@ -84,3 +84,91 @@ func TestAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocateUseFirst: rows of the rule with the limit's rate known
+// (Scale 1000 per second), two or three regions without floors,
+// hysteresis 0.01, no cap on a step.
+func TestAllocateUseFirst(t *testing.T) {
+	tests := []struct {
+		name          string
+		demand, claim []float64
+		known         []bool
+		keep          []float64
+		shares        []float64
+		want          []float64
+	}{
+		{name: "overloaded: by demand, as one global limiter",
+			demand: []float64{600, 400, 200}, want: []float64{0.5, 1. / 3, 1. / 6}},
+		{name: "under L, no claims above use: by demand",
+			demand: []float64{300, 100, 100}, want: []float64{0.6, 0.2, 0.2}},
+		{name: "a region that bursts now and then keeps what no one needs",
+			demand: []float64{500, 0}, claim: []float64{500, 1500}, shares: []float64{0.5, 0.5},
+			want: []float64{0.55, 0.45}}, // us: its use + Headroom; eu: the rest, up to its claim
+		{name: "equal claims, one on now: max-min fair",
+			demand: []float64{300, 0}, claim: []float64{700, 700}, shares: []float64{0.5, 0.5},
+			want: []float64{0.5, 0.5}},
+		{name: "a stale claim does not pin a region below its use",
+			demand: []float64{800, 0}, claim: []float64{800, 600}, shares: []float64{0.4, 0.6},
+			want: []float64{0.88, 0.12}},
+		{name: "claims met: the rest by demand",
+			demand: []float64{200, 100}, claim: []float64{300, 100}, shares: []float64{0.5, 0.5},
+			want: []float64{0.3 + 0.59*2/3, 0.11 + 0.59/3}}, // claims 0.3 and the need 0.11, then the rest by demand
+		{name: "headroom cut where it does not fit",
+			demand: []float64{500, 450}, want: []float64{0.5 + 0.05*0.5/0.95, 0.45 + 0.05*0.45/0.95}},
+		{name: "a region of unknown demand keeps its share",
+			demand: []float64{900, 0, 100}, known: []bool{true, false, true}, shares: []float64{0.3, 0.3, 0.4},
+			want: []float64{0.7 * 0.9, 0.3, 0.7 * 0.1}},
+		{name: "... or what its demand for the whole limit could use",
+			demand: []float64{900, 0, 100}, known: []bool{true, false, true}, keep: []float64{1, 0.1, 1},
+			shares: []float64{0.3, 0.3, 0.4}, want: []float64{0.9 * 0.9, 0.1, 0.9 * 0.1}},
+		{name: "a live region without demand keeps MinShare",
+			demand: []float64{1200, 0}, want: []float64{1 - MinShare, MinShare}},
+	}
+	for _, tt := range tests {
+		n := len(tt.demand)
+		v := Vector{Floors: make([]float64, n), Demand: tt.demand, Claim: tt.claim, Known: tt.known, Keep: tt.keep,
+			Live: make([]bool, n), Shares: tt.shares, Scale: 1000}
+		for r := range n {
+			v.Live[r] = true
+		}
+		if v.Shares == nil {
+			v.Shares = make([]float64, n)
+			for r := range n {
+				v.Shares[r] = 1 / float64(n)
+			}
+		}
+		v.Held = v.Shares
+		got := make([]float64, n)
+		Allocate(got, v, 0.01, 1)
+		sum := 0.0
+		for r := range got {
+			sum += got[r]
+			if math.Abs(got[r]-tt.want[r]) > 1e-6 {
+				t.Errorf("%s: Allocate = %.4f, want %.4f", tt.name, got, tt.want)
+				break
+			}
+		}
+		if sum > 1+1e-9 {
+			t.Errorf("%s: shares sum to %v", tt.name, sum)
+		}
+	}
+}
+
+// TestAllocateHysteresisAllOrNothing: a vector moves as a whole or not at
+// all, so that a raise is never left waiting for a lowering that
+// hysteresis withheld.
+func TestAllocateHysteresisAllOrNothing(t *testing.T) {
+	v := Vector{Floors: make([]float64, 3), Demand: []float64{1.04, 0.98, 0.98}, Live: []bool{true, true, true},
+		Shares: []float64{1. / 3, 1. / 3, 1. / 3}}
+	v.Held = v.Shares
+	got := make([]float64, 3)
+	Allocate(got, v, 0.01, 1) // us would rise by 0.01, the others fall by 0.005: all move
+	if got[0] <= 1./3+0.009 || got[1] >= 1./3 || got[2] >= 1./3 {
+		t.Fatalf("Allocate = %v: want all three shares moved", got)
+	}
+	v.Demand = []float64{1.02, 0.99, 0.99}
+	Allocate(got, v, 0.01, 1) // the largest move is below 0.01: none moves
+	if got[0] != 1./3 || got[1] != 1./3 || got[2] != 1./3 {
+		t.Fatalf("Allocate = %v: want the shares kept", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,13 +13,49 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultPeriod     = 2 * time.Second
-	DefaultHalfLife   = 500 * time.Millisecond
-	DefaultDeadAfter  = 5 * time.Second
-	DefaultHotTTL     = 30 * time.Second
-	DefaultHysteresis = 0.01
-	DefaultMaxStep    = 0.5
-	DefaultMaxHotKeys = 1 << 20
+	DefaultPeriod        = 2 * time.Second
+	DefaultHalfLife      = 2 * time.Second
+	DefaultClaimHalfLife = time.Minute
+	DefaultDeadAfter     = 5 * time.Second
+	DefaultHotTTL        = 30 * time.Second
+	DefaultHysteresis    = 0.01
+	DefaultMaxStep       = 1
+	DefaultMaxHotKeys    = 1 << 20
+)
+
+// Demand estimation (see Coordinator.observe).
+const (
+	// shiftFrac: a region's measured rate that differs from its average
+	// by more than this part of the vector's demand (or of the rate) in
+	// several reports in a row is a shift, not noise: the average takes
+	// it at once, and the next Tick rebalances without waiting for the
+	// period (see observe).
+	shiftFrac = 0.05
+	// fallAfter and riseAfter: reports in a row that make a shift; a rate
+	// above newLevel × both the average and the claim (the region's
+	// decayed peak) is one at once.
+	fallAfter = 2
+	riseAfter = 3
+	newLevel  = 1.25
+	// knownAfter: a region's demand for a hot key is known once it has
+	// held a share of its own for the key through this many of its
+	// reports (its enforcers count the key's every request from the
+	// report after the share came), or once it reports traffic of the key.
+	knownAfter = 3
+	// lagMoves: a vector whose shares are off their targets by less than
+	// the hysteresis but more than a quarter of it for this many
+	// rebalances in a row moves anyway, so that hysteresis never freezes
+	// a wrong split.
+	lagMoves = 3
+	// longWindowReports: in a limit whose window is longer than the period,
+	// a region's demand counts from this many reports on (see retarget).
+	longWindowReports = 3
+	// defaultRTT is a region's round trip before one is measured, and
+	// defaultTickGap the driver's interval between Ticks before two came.
+	defaultRTT     = 200 * time.Millisecond
+	defaultTickGap = 250 * time.Millisecond
+	// leadMargin is added to the time moved share takes to be in force.
+	leadMargin = 50 * time.Millisecond
 )
 
 // Config configures a Coordinator. Zero durations and numbers take their
@@ -32,9 +69,14 @@ type Config struct {
 	Term int64
 	// Period is how often Tick rebalances (default 2 s).
 	Period time.Duration
-	// HalfLife is the half-life of the demand average (default 500 ms, so
-	// that shares follow a shift of demand within two periods).
+	// HalfLife is the half-life of the demand average (default 2 s, twice
+	// the report interval, so that one report's noise moves shares little);
+	// a shift of demand is taken at once (see shiftFrac).
 	HalfLife time.Duration
+	// ClaimHalfLife is the half-life of a region's claim, the decayed peak
+	// of its demand, to which Allocate gives share no region needs now
+	// (default 1 minute).
+	ClaimHalfLife time.Duration
 	// DeadAfter is how long a region may stay silent (no report, no ack)
 	// before its shares are frozen (default 5 s).
 	DeadAfter time.Duration
@@ -43,7 +85,8 @@ type Config struct {
 	HotTTL time.Duration
 	// Hysteresis is the smallest share change worth publishing (default 0.01).
 	Hysteresis float64
-	// MaxStep is the most a share moves in one rebalance (default 0.5).
+	// MaxStep is the most a share moves in one rebalance (default 1: no
+	// cap).
 	MaxStep float64
 	// MaxHotKeys bounds the hot keys tracked over all limits (default 2^20).
 	MaxHotKeys int
@@ -82,8 +125,20 @@ type Coordinator struct {
 	lastAt  []time.Time // by region: At of its latest report
 	live    []bool      // by region, as of the latest rebalance
 	next    time.Time   // of the next rebalance
-	hotKeys int
-	stats   Stats
+	urgent  bool        // a report showed a shift of demand: rebalance without waiting for the period
+	// Timing of rebalances (see Tick): the shortest window of a sliding-
+	// window limit, if not longer than the period (0: none), by region the round trip of its latest
+	// acknowledged assignment and when its latest assignment was sent,
+	// the driver's latest interval between Ticks and its latest Tick, and
+	// the window boundary the latest rebalance was timed for.
+	window   time.Duration
+	rtt      []time.Duration
+	sentAt   []time.Time
+	tickGap  time.Duration
+	lastTick time.Time
+	slot     int64
+	hotKeys  int
+	stats    Stats
 	// gone holds, by limit, what regions no longer configured may still
 	// apply of any of its vectors, until goneUntil (Config.GoneHold).
 	gone      map[string]float64
@@ -93,13 +148,22 @@ type Coordinator struct {
 	// Scratch space of pass, by region.
 	vec    Vector
 	dst    []float64
+	rate   []float64 // by hot key of one limit: its rate in the report being applied
 	defb   []float32 // held shares of the limit's default vector
 	excess []excess
 }
 
 // limitState is one limit's default vector and hot keys.
 type limitState struct {
-	name   string
+	name string
+	// window is the limit's window where it is a sliding window longer
+	// than the period (0: otherwise), and slot the boundary of it its
+	// vectors were last retargeted for (see timed).
+	window time.Duration
+	slot   int64
+	scale  float64   // the limit's rate per second (0: not known), Vector.Scale
+	hits   bool      // it counts requests (cost ≈ hits), so a rate's noise is about its square root
+	lag    uint8     // rebalances in a row its default vector stayed within the hysteresis of its targets
 	floors []float64 // by region
 	def    []cell    // the default vector, by region
 	index  map[string]int32
@@ -111,6 +175,7 @@ type hotKey struct {
 	name     string
 	hot      int64 // unix ns when a region last reported it hot
 	recorded bool  // a Record of it may exist
+	lag      uint8 // as limitState.lag
 }
 
 // cell is one region's part of one vector. Shares are float32 to keep a
@@ -119,14 +184,21 @@ type cell struct {
 	share  float32 // latest share granted; follow: the default vector's
 	bound  float32 // largest share of its own the region may be applying
 	target float32 // where share is heading, set by every rebalance
-	demand float32 // the region's demand: an average of its rate (cost per second), see report
+	demand float32 // the region's demand: an average of its rate (cost per second), see observe
+	claim  float32 // a decayed peak of demand, Vector.Claim
 	flags  uint8
+	reps   uint8 // a key's: reports of the region since it has had a share of its own (up to knownAfter)
+	streak int8  // reports in a row above (> 0) or below (< 0) demand by more than noise, see observe
+	n      uint8 // reports in demand since it was measured first (up to 255), see observe
 }
 
 const (
-	pending uint8 = 1 << iota // share not acknowledged yet
-	dirty                     // share changed since the last assignment built
-	viaDef                    // the region may be following the default vector
+	pending    uint8 = 1 << iota // share not acknowledged yet
+	dirty                        // share changed since the last assignment built
+	viaDef                       // the region may be following the default vector
+	known                        // the region's demand has been measured (see Vector.Known)
+	counted                      // a key's: the report being applied has traffic of it
+	wasCounted                   // a key's: so had the region's previous report
 )
 
 const follow = float32(Follow)
@@ -145,6 +217,9 @@ func (x *cell) held(d float32) float32 {
 func (x *cell) set(s float32) {
 	if s == x.share {
 		return
+	}
+	if x.share == follow || s == follow {
+		x.reps = 0 // a share of its own from now on, or none
 	}
 	x.share = s
 	x.flags |= pending | dirty
@@ -193,12 +268,13 @@ func New(now time.Time, cfg Config, snap Snapshot) (*Coordinator, error) {
 	if d == nil || len(d.Regions) == 0 || cfg.Term <= 0 || cfg.Term <= snap.Term {
 		return nil, fmt.Errorf("%w: want a domain with regions and a term above the snapshot's (%d), got %d", ErrBadConfig, snap.Term, cfg.Term)
 	}
-	if cfg.Period < 0 || cfg.HalfLife < 0 || cfg.DeadAfter < 0 || cfg.HotTTL < 0 ||
+	if cfg.Period < 0 || cfg.HalfLife < 0 || cfg.ClaimHalfLife < 0 || cfg.DeadAfter < 0 || cfg.HotTTL < 0 ||
 		!(cfg.Hysteresis >= 0 && cfg.Hysteresis < 1) || !(cfg.MaxStep >= 0 && cfg.MaxStep <= 1) || cfg.MaxHotKeys < 0 {
 		return nil, fmt.Errorf("%w: negative or out of range setting", ErrBadConfig)
 	}
 	cfg.Period = cmp.Or(cfg.Period, DefaultPeriod)
 	cfg.HalfLife = cmp.Or(cfg.HalfLife, DefaultHalfLife)
+	cfg.ClaimHalfLife = cmp.Or(cfg.ClaimHalfLife, DefaultClaimHalfLife)
 	cfg.DeadAfter = cmp.Or(cfg.DeadAfter, DefaultDeadAfter)
 	cfg.HotTTL = cmp.Or(cfg.HotTTL, DefaultHotTTL)
 	cfg.Hysteresis = cmp.Or(cfg.Hysteresis, DefaultHysteresis)
@@ -212,14 +288,27 @@ func New(now time.Time, cfg Config, snap Snapshot) (*Coordinator, error) {
 		limitOf: make(map[string]*limitState, len(d.Limits)), term: cfg.Term,
 		sent: make([]uint64, n), changed: make([]uint64, n), acked: make([]uint64, n),
 		heard: make([]time.Time, n), lastAt: make([]time.Time, n), live: live,
-		vec: Vector{Demand: make([]float64, n), Live: live, Shares: make([]float64, n), Held: make([]float64, n)},
+		rtt: make([]time.Duration, n), sentAt: make([]time.Time, n), tickGap: defaultTickGap,
+		vec: Vector{Demand: make([]float64, n), Claim: make([]float64, n), Known: make([]bool, n), Keep: make([]float64, n), Live: live,
+			Shares: make([]float64, n), Held: make([]float64, n)},
 		dst: make([]float64, n), defb: make([]float32, n),
 	}
 	for i, r := range d.Regions {
 		c.regionOf[r] = i
 	}
 	for _, l := range d.Limits {
+		if w := l.Rate.Period; l.Algorithm == allot.SlidingWindow && l.Mode == allot.Split && !l.Unlimited &&
+			w > 0 && w <= cfg.Period && (c.window == 0 || w < c.window) {
+			c.window = w
+		}
 		ls := &limitState{name: l.Name, floors: make([]float64, n), def: make([]cell, n), index: map[string]int32{}}
+		if c.longWindow(l) {
+			ls.window = l.Rate.Period
+		}
+		if !l.Unlimited && l.Rate.Amount > 0 && l.Rate.Period > 0 {
+			ls.scale = float64(l.Rate.Amount) / l.Rate.Period.Seconds()
+		}
+		ls.hits = l.Unit == allot.Requests
 		for r, s := range InitialShares(l.Floors, d.Regions) {
 			ls.floors[r] = l.Floors[d.Regions[r]]
 			ls.def[r] = cell{share: float32(s), bound: float32(s), target: float32(s)}
@@ -283,6 +372,11 @@ func (c *Coordinator) restore(now time.Time, rec Record) error {
 		cs[r].flags = pending | dirty
 		if rec.Key != "" {
 			cs[r].flags |= viaDef // the record does not say whether it still follows
+			if cs[r].share != follow {
+				// It held a share of its own under the earlier leader, so its
+				// enforcers count the key: its first report says its demand.
+				cs[r].reps = knownAfter - 1
+			}
 		}
 	}
 	return nil
@@ -404,47 +498,191 @@ func (c *Coordinator) report(now time.Time, m Report) error {
 			}
 		}
 	}
-	// Demand is an exponentially weighted average of each region's rate,
-	// updated at its reports over the interval each report covers. (A
-	// decayed sum weighted at arrival would weigh regions by how recently
-	// they reported, not by their demand.) Every cell of the region is
-	// updated, those the report leaves out with a rate of 0.
+	silent := !c.lastAt[r].IsZero() && m.At.Sub(c.lastAt[r]) > c.cfg.DeadAfter
 	dt := reportInterval(c.lastAt[r], m.At)
-	keep := float32(math.Exp2(-float64(dt) / float64(c.cfg.HalfLife)))
-	perSec := (1 - float64(keep)) / dt.Seconds()
 	c.lastAt[r], c.heard[r] = m.At, now
 	c.stats.Reports++
+	if silent {
+		// Silent for longer than DeadAfter (cut off, or its reports
+		// lost): this report covers an interval not known, so it measures
+		// nothing. The region's demand is measured again from its next.
+		c.forget(r)
+		return nil
+	}
+	perSec := 1 / dt.Seconds()
 	n := len(c.regions)
 	for _, ls := range c.limits {
-		ls.def[r].demand *= keep
-		for i := range len(ls.keys) {
-			ls.cells[i*n+r].demand *= keep
+		// A limit whose window is longer than the period is enforced over
+		// its window: its demand is averaged over half a window, and its
+		// claims kept for two.
+		hl, chl := max(c.cfg.HalfLife, ls.window/2), max(c.cfg.ClaimHalfLife, 2*ls.window)
+		est := estimate{
+			keep:      float32(math.Exp2(-float64(dt) / float64(hl))),
+			claimKeep: float32(math.Exp2(-float64(dt) / float64(chl))),
+			dt:        dt.Seconds(),
+			hits:      ls.hits,
+			smooth:    ls.window > 0,
 		}
-	}
-	for _, ld := range m.Limits {
-		ls := c.limitOf[ld.Limit]
-		ls.def[r].demand += float32((ld.Admitted + ld.Rejected) * perSec)
-		for _, kd := range ld.Keys {
-			hot := kd.NearLimit || kd.Rejected > 0
-			i, ok := ls.index[kd.Key]
-			switch {
-			case ok:
-			case !hot:
-				continue
-			case c.hotKeys >= c.cfg.MaxHotKeys:
-				c.stats.DroppedKeys++
-				continue
-			default:
-				i = ls.add(kd.Key, 0, n)
-				c.hotKeys++
+		// Every cell of the region is updated, those the report leaves out
+		// with a rate of 0: first the limit's default vector, then its
+		// keys (rates by key index, 0 for a key the report leaves out).
+		ld := limitDemand(m.Limits, ls.name)
+		def := 0.0
+		if ld != nil {
+			def = (ld.Admitted + ld.Rejected) * perSec
+		}
+		c.observe(ls.def, r, def, est, true) // a report covers every limit with traffic: one left out had none
+		c.rate = slices.Grow(c.rate[:0], len(ls.keys))[:len(ls.keys)]
+		clear(c.rate)
+		if ld != nil {
+			for _, kd := range ld.Keys {
+				hot := kd.NearLimit || kd.Rejected > 0
+				i, ok := ls.index[kd.Key]
+				switch {
+				case ok:
+				case !hot:
+					continue
+				case c.hotKeys >= c.cfg.MaxHotKeys:
+					c.stats.DroppedKeys++
+					continue
+				default:
+					i = ls.add(kd.Key, 0, n)
+					c.hotKeys++
+					c.rate = append(c.rate, 0)
+				}
+				if rate := (kd.Admitted + kd.Rejected) * perSec; rate > 0 || kd.NearLimit {
+					c.rate[i] += rate
+					ls.cells[int(i)*n+r].flags |= counted
+				}
+				if hot {
+					ls.keys[i].hot = now.UnixNano()
+				}
 			}
-			ls.cells[int(i)*n+r].demand += float32((kd.Admitted + kd.Rejected) * perSec)
-			if hot {
-				ls.keys[i].hot = now.UnixNano()
+		}
+		for i := range ls.keys {
+			cs := ls.cells[i*n : i*n+n : i*n+n]
+			x := &cs[r]
+			own := x.share != follow
+			if own && x.reps < knownAfter {
+				x.reps++
 			}
+			// A region that follows the default vector for the key counts
+			// it only while near its allowance there, from the request that
+			// left it near: its demand is known from the second report in a
+			// row that counts it (the first counts part of its interval).
+			cur, prev := x.flags&counted != 0, x.flags&wasCounted != 0
+			k := cur && prev || own && x.reps >= knownAfter
+			x.flags &^= counted | wasCounted
+			if cur {
+				x.flags |= wasCounted
+			}
+			c.observe(cs, r, c.rate[i], est, k)
 		}
 	}
 	return nil
+}
+
+// observe takes rate, region r's measured rate for vector cs over a
+// report's interval, into its demand; k says whether it measures the
+// region's demand (see knownAfter). The average is exponentially
+// weighted in time (est.keep: its weight depends on the interval a report
+// covers, not on how often regions report), except for a shift, taken at
+// once: a rate beyond noise (shiftFrac of the vector's demand, and two
+// standard deviations of a Poisson count over the interval for a limit
+// of requests) below the average in fallAfter reports in a row, or above
+// it in riseAfter, one below half of it, or one above newLevel times the
+// claim; so is the first measure. A shift makes the next Tick rebalance.
+// A fall is taken sooner than a rise, and a rise within the claim (a
+// level the region had lately) moves nothing until it lasts: share a
+// region no longer uses is free for others, while demand that rises for
+// a moment (a burst, a flip between regions) is over before moved share
+// would count (a raise counts from the next window). A limit with a long
+// window (est.smooth) is averaged only. The claim is the largest of the
+// demand, the rate and the claim decayed.
+func (c *Coordinator) observe(cs []cell, r int, rate float64, est estimate, k bool) {
+	x := &cs[r]
+	// Until the average spans its half-life, it is the mean of the
+	// reports so far, so that a first measure that is off (a report that
+	// covers part of an interval) weighs no more than the others.
+	keep := min(est.keep, float32(x.n)/float32(x.n+1))
+	x.n = min(x.n, 254) + 1
+	switch d := float64(x.demand); {
+	case !k:
+		x.flags &^= known
+		x.demand, x.streak, x.n = float32(rate), 0, 0
+	case x.flags&known == 0:
+		x.flags |= known
+		x.demand, x.streak, x.n = float32(rate), 0, 1
+		c.urgent = c.urgent || rate > 0 || d > 0
+	case est.smooth:
+		x.demand = keep*x.demand + (1-keep)*float32(rate)
+	default:
+		total := 0.0
+		for i := range cs {
+			if cs[i].flags&known != 0 {
+				total += float64(cs[i].demand)
+			}
+		}
+		noise := shiftFrac * max(total, rate)
+		if est.hits {
+			noise = max(noise, 2*math.Sqrt(max(rate, d)/est.dt))
+		}
+		switch {
+		case rate > newLevel*max(d, float64(x.claim))+2*noise:
+			x.streak = riseAfter // above anything it had: taken at once
+		case rate > d+noise:
+			x.streak = max(x.streak, 0) + 1
+		case rate < d-noise && rate < d/2:
+			x.streak = -fallAfter // down by more than half: taken at once
+		case rate < d-noise:
+			x.streak = min(x.streak, 0) - 1
+		default:
+			x.streak = 0
+		}
+		switch {
+		case x.streak >= riseAfter || -x.streak >= fallAfter:
+			x.demand, x.streak, x.n = float32(rate), 0, 1
+			c.urgent = true
+		case x.streak > 0 && rate <= float64(x.claim):
+			// A rise within the claim (a level the region had lately: a
+			// burst, a flip between regions) moves nothing until it
+			// lasts: the claim keeps share for it where no region needs it.
+		default:
+			x.demand = keep*x.demand + (1-keep)*float32(rate)
+		}
+	}
+	x.claim = max(x.demand, float32(rate), x.claim*est.claimKeep)
+}
+
+// forget marks region r's demand as not known, in every vector.
+func (c *Coordinator) forget(r int) {
+	n := len(c.regions)
+	for _, ls := range c.limits {
+		ls.def[r].flags &^= known
+		ls.def[r].streak = 0
+		for i := range ls.keys {
+			ls.cells[i*n+r].flags &^= known
+			ls.cells[i*n+r].streak = 0
+		}
+	}
+}
+
+func limitDemand(ls []LimitDemand, name string) *LimitDemand {
+	for i := range ls {
+		if ls[i].Limit == name {
+			return &ls[i]
+		}
+	}
+	return nil
+}
+
+// estimate is how one report moves the demand averages (see observe).
+type estimate struct {
+	keep      float32 // weight of the average so far: 2^(−interval/HalfLife)
+	claimKeep float32 // decay of a claim over the interval
+	dt        float64 // the interval, in seconds
+	hits      bool    // the limit counts requests: see limitState.hits
+	smooth    bool    // a long window: the average only, no shift taken at once
 }
 
 // Report intervals: the first report of a region is taken to cover
@@ -470,6 +708,9 @@ func (c *Coordinator) ack(now time.Time, a Ack) (Ready, error) {
 	}
 	c.heard[r] = now
 	c.stats.Acks++
+	if a.Version == c.sent[r] && !c.sentAt[r].IsZero() {
+		c.rtt[r] = max(now.Sub(c.sentAt[r]), time.Millisecond)
+	}
 	// Every assignment carries all of the region's unacknowledged shares,
 	// so one sent after the latest change of them confirms them all.
 	if a.Version < c.changed[r] || a.Version <= c.acked[r] {
@@ -480,21 +721,103 @@ func (c *Coordinator) ack(now time.Time, a Ack) (Ready, error) {
 }
 
 // Tick rebalances if a period has passed since the previous rebalance (the
-// first Tick always does): it ages demand, marks regions not heard from
+// first Tick always does), or sooner when a report showed a shift of
+// demand or a region's demand was first measured, and, where Ticks come
+// often enough, at the Tick timed for the next window boundary of a
+// sliding-window limit (see onTime): it marks regions not heard from
 // within DeadAfter as frozen, computes new targets for every vector, starts
 // hot keys no longer reported hot for HotTTL on their way back to the
 // default vector, and returns the assignments that move shares toward the
 // targets. Every region with unacknowledged shares gets them again.
 func (c *Coordinator) Tick(now time.Time) Ready {
-	if now.Before(c.next) {
+	if gap := now.Sub(c.lastTick); !c.lastTick.IsZero() && gap > 0 {
+		c.tickGap = gap
+	}
+	c.lastTick = now
+	if now.Before(c.next) && !c.urgent || !c.onTime(now) {
 		return Ready{}
 	}
-	c.next = now.Add(c.cfg.Period)
+	return c.rebalance(now)
+}
+
+// rebalance sets new targets and moves the shares toward them.
+func (c *Coordinator) rebalance(now time.Time) Ready {
+	c.next, c.urgent = now.Add(c.cfg.Period), false
 	c.stats.Rebalances++
 	for r, h := range c.heard {
 		c.live[r] = !h.IsZero() && now.Sub(h) < c.cfg.DeadAfter
 	}
 	return c.pass(now, true, -1)
+}
+
+// onTime reports whether a rebalance that is due may happen at now. Share
+// moved to a region of a sliding-window limit counts there from its next
+// window (the giving region may have spent it in this one), and a region
+// lowered gives up the rest of its window at once. So where the driver's
+// Ticks come often enough, a rebalance is timed for a window boundary B
+// (of the shortest such window, on the coordinator's clock, which regions
+// cut their windows on): at the last Tick before B − lead, where lead is
+// the time a lowering, its acknowledgement and the raise it frees take
+// (one and a half of the longest round trip of a live region). Regions
+// lowered then lose the end of their window only, and regions raised get
+// the share from B. At most one rebalance is timed for each boundary.
+func (c *Coordinator) onTime(now time.Time) bool {
+	w := c.window
+	if w <= 0 {
+		return true
+	}
+	lead := c.lead()
+	if lead+c.tickGap >= w {
+		return true // the Ticks or the round trips are too slow to time it
+	}
+	t := now.Add(lead).UnixNano()
+	b := (t/int64(w) + 1) * int64(w) // the next boundary the moves can be in force for
+	if b == c.slot || now.Add(c.tickGap).Add(lead).UnixNano() < b {
+		return false // timed already, or a later Tick still makes it
+	}
+	c.slot = b
+	return true
+}
+
+// longWindow reports whether l is a split-mode sliding window longer than
+// the period (see timed).
+func (c *Coordinator) longWindow(l *allot.Limit) bool {
+	return l.Algorithm == allot.SlidingWindow && l.Mode == allot.Split && !l.Unlimited && l.Rate.Period > c.cfg.Period
+}
+
+// lead is the time from a rebalance to the raises it frees being in
+// force: a lowering, its acknowledgement and the raise, one and a half of
+// the longest round trip of a live region.
+func (c *Coordinator) lead() time.Duration {
+	var rtt time.Duration
+	for r := range c.rtt {
+		if c.live[r] || c.heard[r].IsZero() {
+			rtt = max(rtt, cmp.Or(c.rtt[r], defaultRTT))
+		}
+	}
+	return rtt*3/2 + leadMargin
+}
+
+// timed reports whether a rebalance at now sets new targets for limit
+// ls. A limit whose window is longer than the period is enforced at the
+// least share in force since its window began (or in the window's first
+// moments, with a window guard) and uses a raise from its next window
+// only: a split moved within a window loses what the lowered regions give
+// up and gains nothing. So its targets move once a window, at the last
+// rebalance before the next boundary less lead (rebalances come at least
+// every period), and the window runs at that split from its start.
+func (c *Coordinator) timed(ls *limitState, now time.Time) bool {
+	w := int64(ls.window)
+	if w <= 0 {
+		return true
+	}
+	lead := c.lead()
+	b := (now.Add(lead).UnixNano()/w + 1) * w
+	if b == ls.slot || now.Add(c.cfg.Period).Add(lead).UnixNano() < b {
+		return false
+	}
+	ls.slot = b
+	return true
 }
 
 // excess is a hot key whose held shares sum to more than its default
@@ -518,8 +841,9 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 		if acked >= 0 {
 			ls.def[acked].confirm()
 		}
-		if rebalance {
-			c.retarget(ls, ls.def, nil)
+		retarget := rebalance && c.timed(ls, now)
+		if retarget {
+			c.retarget(ls, ls.def, nil, &ls.lag)
 		}
 		for r := range ls.def {
 			c.defb[r] = ls.def[r].bound
@@ -536,8 +860,8 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 				for r := range cs {
 					cs[r].target = follow
 				}
-			case rebalance:
-				c.retarget(ls, cs, ls.def)
+			case retarget:
+				c.retarget(ls, cs, ls.def, &ls.keys[i].lag)
 			}
 			free := grant(cs, c.defb, c.cfg.Hysteresis, reserved, nil)
 			if expired && retired(cs) {
@@ -581,7 +905,7 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 			continue
 		}
 		c.version++
-		c.sent[r] = c.version
+		c.sent[r], c.sentAt[r] = c.version, now
 		if t.dirty[r] {
 			c.changed[r] = c.version
 		}
@@ -614,28 +938,62 @@ func (t *tally) add(cs []cell) {
 }
 
 // retarget sets the targets of vector cs (def is the default vector when
-// cs is a hot key's). Once a key's shares move, all of them are its own: a
-// key never mixes shares of its own with following the default, which
-// would tie the default vector's raises to it.
-func (c *Coordinator) retarget(ls *limitState, cs, def []cell) {
+// cs is a hot key's; lag counts its rebalances within the hysteresis, see
+// lagMoves). Once a key's shares move, all of them are its own: a key
+// never mixes shares of its own with following the default, which would
+// tie the default vector's raises to it. A key whose demand is not known
+// in a region that follows the default there moves to shares of its own
+// at once (at the levels they have, where not known): only then do that
+// region's enforcers count the key's every request.
+func (c *Coordinator) retarget(ls *limitState, cs, def []cell, lag *uint8) {
 	v := &c.vec
-	v.Floors = ls.floors
-	moved := false
+	v.Floors, v.Scale = ls.floors, ls.scale
+	unknown := false
 	for r := range cs {
 		x := &cs[r]
+		v.Keep[r] = 1
+		if def != nil && ls.scale > 0 && def[r].flags&known != 0 {
+			// A key's demand in a region is at most the region's demand for
+			// the whole limit.
+			v.Keep[r] = max(ls.floors[r], MinShare, float64(def[r].demand)*(1+Headroom)/ls.scale)
+		}
 		v.Demand[r] = float64(x.demand)
+		v.Claim[r] = float64(x.claim)
+		// A long window runs a whole window at the split set for it: a
+		// region's demand counts once it is the mean of a few reports.
+		v.Known[r] = x.flags&known != 0 && (ls.window == 0 || x.n >= longWindowReports)
 		v.Shares[r] = float64(x.share)
 		v.Held[r] = float64(x.bound)
 		if def != nil {
 			v.Held[r] = float64(x.held(def[r].bound))
 			if x.share == follow {
 				v.Shares[r] = float64(def[r].share)
+				if !v.Known[r] && v.Live[r] {
+					// It keeps what it would follow: the default's new target.
+					unknown, v.Shares[r] = true, float64(def[r].target)
+				}
 			}
 		}
 	}
-	Allocate(c.dst, *v, c.cfg.Hysteresis, c.cfg.MaxStep)
+	target(c.dst, *v)
+	off := 0.0
 	for r := range cs {
-		moved = moved || c.dst[r] != v.Shares[r]
+		c.dst[r] = min(max(c.dst[r], v.Shares[r]-c.cfg.MaxStep), v.Shares[r]+c.cfg.MaxStep)
+		off = max(off, math.Abs(c.dst[r]-v.Shares[r]))
+	}
+	moved := false
+	switch {
+	case off >= c.cfg.Hysteresis || unknown:
+		moved = true
+	case off >= c.cfg.Hysteresis/4 && *lag+1 >= lagMoves:
+		moved = true
+	case off >= c.cfg.Hysteresis/4:
+		*lag++
+	default:
+		*lag = 0
+	}
+	if moved {
+		*lag = 0
 	}
 	for r := range cs {
 		cs[r].target = cs[r].share

@@ -173,7 +173,12 @@ func TestLeaderChange(t *testing.T) {
 	}
 	cl.tick(0) // at once: regions are frozen (not heard yet) and get every share again
 	cl.settle()
-	near(t, "after failover", cl.shares(""), []float64{0.4, 0.05, 0.05}) // the persisted lowering, no raise yet
+	// The persisted lowering of us, and no raise yet.
+	lowered := cl.store.recs[keyID{"per-user", ""}].Cells[0].Share
+	if lowered > 0.9-0.05 {
+		t.Fatalf("the lost rebalance persisted us at %v: not a lowering", lowered)
+	}
+	near(t, "after failover", cl.shares(""), []float64{lowered, 0.05, 0.05})
 	for range 4 {
 		cl.second(onEU, onEU)
 	}

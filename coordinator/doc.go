@@ -5,16 +5,23 @@
 //
 // The pieces:
 //
-//   - [Allocate]: where shares should go. share_r = floor_r +
-//     (1 − Σ floors) × demand_r / Σ demand over the regions heard from;
-//     a region not heard from keeps its share and the others divide the
-//     rest; hysteresis and a cap on each move. [InitialShares] is the
-//     split with equal demand that regions use before any assignment.
+//   - [Allocate]: where shares should go, over the regions heard from
+//     whose demand is known: floors first; an overloaded limit by demand,
+//     as one global limiter divides it; otherwise each region's use plus
+//     [Headroom], then what no region needs to the regions' claims
+//     (decayed peaks of their demand), max-min fair, then by demand. A
+//     region not heard from, or whose demand is not known, keeps its
+//     share and the others divide the rest; hysteresis applies to the
+//     vector as a whole. [InitialShares] is the split with equal demand
+//     that regions use before any assignment.
 //   - [Coordinator]: the state machine of one domain's leader. It keeps a
 //     default vector of shares per limit and one per hot key (a key some
 //     region reports near its allowance or rejecting), so its memory grows
-//     with hot keys, not with all keys. Demand is an exponentially weighted
-//     average of admitted + rejected cost ([Config.HalfLife]).
+//     with hot keys, not with all keys. Demand is an average of admitted +
+//     rejected cost per second weighted by the time each report covers
+//     ([Config.HalfLife]), that takes a shift at once; rebalances come
+//     every [Config.Period], sooner after a shift, timed for the next
+//     window boundary of a sliding-window limit.
 //   - [Applier]: a region's side. It applies assignments in order, lowerings
 //     first, and says what to acknowledge.
 //   - Messages are plain structs: [Report] and [Ack] go to the coordinator,

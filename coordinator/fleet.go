@@ -123,6 +123,10 @@ type Fleet struct {
 	dom      *allot.Domain
 	limits   []string // every limit, in configuration order
 	weighted []string // the Weighted limits, in configuration order
+	// long is, by Weighted limit, its window where it is a sliding window
+	// longer than the period (0: otherwise): its weights move once a
+	// window (see timedWeights).
+	long     []time.Duration
 	regions  []*fleetRegion
 	regionOf map[string]int
 	quiet    time.Time // until then, instances of an earlier leader may hold grants
@@ -176,6 +180,9 @@ type fleetRegion struct {
 	// instance acked.
 	restLog  []restChange
 	restFrom uint64
+	// slot is, by Weighted limit with a long window, the boundary its
+	// weights were last moved for (see timedWeights).
+	slot []int64
 	// Scratch space of moveWeights: one vector's cells, by instance.
 	cells  []cell
 	want   []float32
@@ -200,8 +207,12 @@ type fleetInstance struct {
 	lastAt   time.Time // At of its previous report
 	lastRecv time.Time // when the coordinator took it
 	fresh    bool      // reported since the region's latest forwarded report
-	rates    streamReport
-	w        []cell // by weighted limit
+	// started is when a new instance (one that never applied an
+	// assignment) attached, until its first report: that report covers
+	// the time since it started, not a report interval.
+	started time.Time
+	rates   streamReport
+	w       []cell // by weighted limit
 	// keys are its weights of its own for hot keys, in the order they
 	// appeared; byKey the same, by key.
 	keys  []*keyCell
@@ -314,6 +325,11 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 		f.limits = append(f.limits, l.Name)
 		if Weighted(l) {
 			f.weighted = append(f.weighted, l.Name)
+			var w time.Duration
+			if co.longWindow(l) {
+				w = l.Rate.Period
+			}
+			f.long = append(f.long, w)
 		}
 	}
 	// An earlier leader persisted records (Term) or at least whom it
@@ -463,6 +479,9 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 	}
 	delete(fr.awaiting, id)
 	in.attached, in.full, in.heard = true, false, now
+	if hello.Term == 0 && in.lastAt.IsZero() {
+		in.started = now
+	}
 	in.keyAware = !legacy && slices.Contains(weights, KeyAware)
 	if hello.Term == f.co.term && hello.Version <= fr.sent {
 		in.acked = max(in.acked, hello.Version)
@@ -605,7 +624,10 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 		}
 		in.heard = now
 		dt := reportInterval(in.lastAt, m.At)
-		in.rates, in.lastAt, in.lastRecv, in.fresh = rates(in, m), m.At, now, true
+		if in.lastAt.IsZero() && !in.started.IsZero() {
+			dt = min(max(now.Sub(in.started), minReportInterval), defaultReportInterval)
+		}
+		in.rates, in.lastAt, in.lastRecv, in.fresh, in.started = rates(m, dt), m.At, now, true, time.Time{}
 		if !in.legacy {
 			f.noteHot(now, fr, in, m, dt)
 		}
@@ -913,8 +935,11 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 		for i, in := range fr.insts {
 			cs = append(cs, in.w[j])
 			fr.demand[i] = in.demand(l)
+			if in.rates == nil && fr.state[i] == memberLive {
+				fr.demand[i] = -1 // no report yet: see divide
+			}
 		}
-		if retarget {
+		if retarget && (f.long[j] == 0 || newcomer(cs, fr.state) || f.timedWeights(fr, j, now)) {
 			divide(cs, fr.state, fr.demand, 1, fr.want)
 		}
 		grant(cs, nil, weightHysteresis/2, 0, noRaise)
@@ -1132,10 +1157,29 @@ func (f *Fleet) keyTTL() time.Duration {
 // more than a third of what it is, so that noise in the demand of evenly
 // loaded instances does not shuffle them, or when
 // the live ones leave more than weightHysteresis of it unused (what an
-// instance that left gave up, spread over many). want is scratch space,
-// at least len(cs) long.
+// instance that left gave up, spread over many). An instance that has
+// not reported yet (demand < 0) counts with the mean demand of those that
+// have. want is scratch space, at least len(cs) long.
 func divide(cs []cell, state []uint8, demand []float64, avail float64, want []float32) {
 	all, live, sum := false, 0, 0.0
+	heard, known := 0, 0.0 // live instances that reported, and their demand
+	for i := range cs {
+		if state[i] == memberLive && demand[i] >= 0 {
+			heard++
+			known += demand[i]
+		}
+	}
+	for i := range cs {
+		if state[i] == memberLive && demand[i] < 0 {
+			// An instance that has not reported yet counts with the mean
+			// demand of those that did (evenly, if none did): a first split
+			// by the first report to come in would give it nothing.
+			demand[i] = 0
+			if heard > 0 {
+				demand[i] = known / float64(heard)
+			}
+		}
+	}
 	for i := range cs {
 		switch state[i] {
 		case memberAll:
@@ -1187,6 +1231,46 @@ func divide(cs []cell, state []uint8, demand []float64, avail float64, want []fl
 			cs[i].target = want[i]
 		}
 	}
+}
+
+// timedWeights reports whether a rebalance of fr at now moves the weights
+// of the j-th Weighted limit, whose window is longer than the period:
+// once a window, at the last rebalance before its next boundary less the
+// Coordinator's lead, as the Coordinator moves such a limit's shares (see
+// Coordinator.timed). An instance that holds nothing gets its part at
+// once (see newcomer).
+func (f *Fleet) timedWeights(fr *fleetRegion, j int, now time.Time) bool {
+	w := int64(f.long[j])
+	if w <= 0 {
+		return true
+	}
+	fr.slot = grow(fr.slot, len(f.weighted))
+	lead := f.co.lead()
+	b := (now.Add(lead).UnixNano()/w + 1) * w
+	if b == fr.slot[j] || now.Add(f.co.cfg.Period).Add(lead).UnixNano() < b {
+		return false
+	}
+	fr.slot[j] = b
+	return true
+}
+
+// newcomer reports whether a live instance holds nothing of vector cs, or
+// the live ones leave more than weightHysteresis of it unused: weights
+// then move at once, whatever the limit's window.
+func newcomer(cs []cell, state []uint8) bool {
+	unused := 1.0
+	for i := range cs {
+		switch state[i] {
+		case memberLive:
+			if cs[i].share == 0 && cs[i].target == 0 {
+				return true
+			}
+			unused -= float64(cs[i].share)
+		case memberFrozen, memberAll:
+			unused -= float64(cs[i].share)
+		}
+	}
+	return unused > weightHysteresis
 }
 
 // grow returns s with at least n elements.
@@ -1352,14 +1436,15 @@ func reportInterval(from, to time.Time) time.Duration {
 	return min(max(to.Sub(from), minReportInterval), maxReportInterval)
 }
 
-// rates converts an instance's report into rates over the interval since
-// its previous report (the first is taken to cover defaultReportInterval,
-// as the Coordinator takes a region's first). Keys without traffic are
-// left out: an instance reports every key it holds a share of its own
-// for, and the Coordinator counts a key left out of a report at 0.
-func rates(in *fleetInstance, m Report) streamReport {
+// rates converts an instance's report into rates over dt, the interval
+// since its previous report (its first is taken to cover
+// defaultReportInterval, as the Coordinator takes a region's first, or
+// for a new instance the time since it attached). Keys without traffic
+// are left out: an instance reports every key it holds a share of its
+// own for, and the Coordinator counts a key left out of a report at 0.
+func rates(m Report, dt time.Duration) streamReport {
 	sr := streamReport{}
-	perSec := 1 / reportInterval(in.lastAt, m.At).Seconds() // the first covers defaultReportInterval, as a region's does
+	perSec := 1 / dt.Seconds()
 
 	for _, ld := range m.Limits {
 		lr := sr[ld.Limit]
@@ -1404,9 +1489,11 @@ const maxForwardGap = 2 * time.Second
 // roundDone reports whether the region's report is due at at: every
 // connected instance reported since the previous one (so the Coordinator
 // gets one report per round of the instances' reports, not one per
-// instance, each merging them all), or maxForwardGap has passed.
+// instance, each merging them all), or maxForwardGap has passed since
+// the region's previous report (its first waits for every instance: the
+// Coordinator takes it as the region's first measure of demand).
 func (f *Fleet) roundDone(fr *fleetRegion, at time.Time) bool {
-	if at.Sub(fr.at) >= maxForwardGap {
+	if !fr.at.IsZero() && at.Sub(fr.at) >= maxForwardGap {
 		return true
 	}
 	for _, in := range fr.insts {

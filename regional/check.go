@@ -500,10 +500,11 @@ func (t *table) readOnly(w *work, o op) bool {
 }
 
 // count adds a decided work to its shard's demand: to its limit, and to
-// its key when the key is hot (rejected here, or left with a tenth of its
-// burst or less) or already counted as hot. A work that charges nothing
-// (a zero-hit check: a status, a gateway's probe) is no traffic: it
-// counts nothing, marks no key hot and asks no loan. The caller holds
+// its key when the key is tracked (see tallyKey): from the first request
+// that left it near its allowance here (rejected, or a tenth of its burst
+// or less left), and, once tracked, every request. A work that charges
+// nothing (a zero-hit check: a status, a gateway's probe) is no traffic:
+// it counts nothing, marks no key hot and asks no loan. The caller holds
 // the shard's lock.
 func (t *table) count(items []Item, w *work, st *allot.LimitStatus, admitted bool) {
 	if w.cost == 0 {
@@ -516,28 +517,14 @@ func (t *table) count(items []Item, w *work, st *allot.LimitStatus, admitted boo
 	}
 	sh := &t.shards[shardOf(w.key)]
 	d := sh.demandOf(id)
-	if admitted {
-		d.admitted += w.cost
-	} else {
-		d.rejected += w.cost
+	a, r := w.cost, 0.0
+	if !admitted {
+		a, r = 0, w.cost
 	}
-	h := sh.hot[w.key]
-	if h == nil {
-		hot := !w.ls.l.Shadow && (!st.Allowed || float64(st.Remaining) <= w.p.burst/10)
-		if !hot || len(sh.hot) >= maxHotPerShard {
-			return
-		}
-		if sh.hot == nil {
-			sh.hot = make(map[uint64]*hotKey)
-		}
-		h = &hotKey{shares: w.ls.shares, name: KeyString(w.ls.l, items[w.item].Descriptor)}
-		sh.hot[w.key] = h
-	}
-	if admitted {
-		h.admitted += w.cost
-	} else {
-		h.rejected += w.cost
-	}
+	d.admitted += a
+	d.rejected += r
+	near := !w.ls.l.Shadow && (!st.Allowed || float64(st.Remaining) <= w.p.burst/10)
+	sh.tallyKey(w, items[w.item].Descriptor, a, r, near)
 }
 
 func report(st *allot.LimitStatus, o outcome) {

@@ -814,11 +814,12 @@ func (e *Engine) Sweep(now time.Time) int {
 }
 
 // Demand drains the traffic counted since the previous call: one entry
-// per limit with traffic (Key empty), one per hot key (NearLimit: it was
-// rejected or left with a tenth of its burst or less here), and one,
-// perhaps without traffic, per key the region holds a share of its own
-// for. Entries are ordered by domain, limit and key; Region and At are
-// left for the caller.
+// per limit with traffic (Key empty), one per tracked key with traffic
+// (NearLimit: it was rejected or left with a tenth of its burst or less
+// here since the previous call; see demand.go for which keys are
+// tracked), and one, perhaps without traffic, per key the region holds a
+// share of its own for. Entries are ordered by domain, limit and key;
+// Region and At are left for the caller.
 func (e *Engine) Demand() []allot.Demand {
 	e.mu.Lock()
 	named := e.named
@@ -829,6 +830,7 @@ func (e *Engine) Demand() []allot.Demand {
 		name string
 	}
 	keys := make(map[keyID]*allot.Demand)
+	own := e.ownKeys() // counted in full from now on (demand.go)
 	for i := range e.table.shards {
 		sh := &e.table.shards[i]
 		sh.mu.Lock()
@@ -839,15 +841,12 @@ func (e *Engine) Demand() []allot.Demand {
 			}
 		}
 		clear(sh.demand)
-		for _, h := range sh.hot {
-			id := h.shares.id
-			if id >= len(named) {
-				continue
+		sh.drainHot(func(h *hotKey) {
+			if id := h.shares.id; id < len(named) {
+				keys[keyID{id, h.name}] = &allot.Demand{Domain: named[id][0], Limit: named[id][1], Key: h.name,
+					Admitted: h.admitted, Rejected: h.rejected, NearLimit: h.near}
 			}
-			keys[keyID{id, h.name}] = &allot.Demand{Domain: named[id][0], Limit: named[id][1], Key: h.name,
-				Admitted: h.admitted, Rejected: h.rejected, NearLimit: true}
-		}
-		sh.hot = nil
+		}, own[i])
 		sh.mu.Unlock()
 	}
 	var out []allot.Demand

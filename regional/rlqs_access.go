@@ -107,9 +107,10 @@ func (e *Engine) ChargeReported(now time.Time, domain string, desc allot.Descrip
 }
 
 // countReported adds reported traffic to a work's demand, as count adds a
-// check's: to its limit, and to its key when the key is hot (some
-// requests were rejected, or it has a tenth of its burst or less left) or
-// already counted as hot. The caller holds the shard's lock.
+// check's: to its limit, and to its key when the key is tracked (some
+// requests were rejected, or it has a tenth of its burst or less left,
+// now or since it was first tracked; see tallyKey). The caller holds the
+// shard's lock.
 func (t *table) countReported(w *work, st *allot.LimitStatus, desc allot.Descriptor, admitted, rejected float64) {
 	id := w.ls.shares.id
 	if id < 0 {
@@ -119,18 +120,6 @@ func (t *table) countReported(w *work, st *allot.LimitStatus, desc allot.Descrip
 	d := sh.demandOf(id)
 	d.admitted += admitted
 	d.rejected += rejected
-	h := sh.hot[w.key]
-	if h == nil {
-		hot := !w.ls.l.Shadow && (rejected > 0 || float64(st.Remaining) <= w.p.burst/10)
-		if !hot || len(sh.hot) >= maxHotPerShard {
-			return
-		}
-		if sh.hot == nil {
-			sh.hot = make(map[uint64]*hotKey)
-		}
-		h = &hotKey{shares: w.ls.shares, name: KeyString(w.ls.l, desc)}
-		sh.hot[w.key] = h
-	}
-	h.admitted += admitted
-	h.rejected += rejected
+	near := !w.ls.l.Shadow && (rejected > 0 || float64(st.Remaining) <= w.p.burst/10)
+	sh.tallyKey(w, desc, admitted, rejected, near)
 }

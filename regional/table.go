@@ -44,12 +44,15 @@ type shard struct {
 
 type demand struct{ admitted, rejected float64 }
 
-// hotKey is a key that was rejected or near its allowance since the last
-// Engine.Demand: its traffic is counted on its own.
+// hotKey is a key whose traffic is counted on its own (see tallyKey): one
+// that was rejected or near its allowance, from that request on, or one
+// the region holds a share of its own for.
 type hotKey struct {
 	shares             *limitShares
 	name               string // as KeyString names it
 	admitted, rejected float64
+	near               bool // rejected or near its allowance since the last Engine.Demand
+	own                bool // scratch of drainHot: the region holds a share of its own for it
 }
 
 // maxHotPerShard bounds the hot keys one shard counts between two drains.

