@@ -244,7 +244,8 @@ func DefaultStory(regions []string) Story {
 				"Reserve holds the prompt + a learned estimate, Settle charges the real output: the budget runs out, calls get "+
 				"Retry-After, and the token budget's share moves to %s.", a, a)},
 		{Title: "Calm", Duration: 10 * time.Second, Flows: append(slices.Clone(steady), bot),
-			Text: "Back to steady traffic; shares drift back to the even split."},
+			Text: "Back to steady traffic: every region again holds what it uses plus headroom, so user 42 passes everywhere; " +
+				"the spare share stays with the regions that peaked recently (a claim that halves every minute) until another region needs it."},
 	}}
 }
 
