@@ -21,28 +21,7 @@ import (
 // on_failure decides); without the variables TLSFromEnv is nil.
 func TestTLS(t *testing.T) {
 	pki := testpki.New(t)
-	srvFiles := pki.Issue(t, "enforcer", testpki.Leaf{IPs: testpki.Loopback})
-	src, err := tlsx.NewSource(tlsx.Files(srvFiles), tlsx.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := src.ServerOptions(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := allot.ParseConfig("sdk.yaml", []byte(sdkConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := server.New(regional.New(cfg, regional.Options{}), server.Options{Region: "r"})
-	gs := grpc.NewServer(creds...)
-	svc.RegisterGRPC(gs)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	t.Cleanup(gs.Stop)
+	l, _ := tlsEnforcer(t, pki, tlsx.Options{})
 
 	if c, err := client.TLSFromEnv(); c != nil || err != nil {
 		t.Fatalf("TLSFromEnv without variables: %v, %v; want nil, nil", c, err)
@@ -79,15 +58,11 @@ func TestTLS(t *testing.T) {
 	}
 }
 
-// TestCredentialsFollowARotatedCA: the enforcers' CA is rotated (the
-// bundle file gains the new CA, the enforcer's certificate is signed by
-// it). A client made before, with CredentialsFromEnv, verifies the new
-// certificate on its next connection; one with TLSFromEnv's fixed pool
-// does not.
-func TestCredentialsFollowARotatedCA(t *testing.T) {
-	pki := testpki.New(t)
-	srvFiles := pki.Issue(t, "enforcer", testpki.Leaf{IPs: testpki.Loopback})
-	src, err := tlsx.NewSource(tlsx.Files(srvFiles), tlsx.Options{Interval: 10 * time.Millisecond})
+// tlsEnforcer serves an enforcer of sdkConfig over TLS only, with a
+// certificate of pki's for loopback, and returns its listener and source.
+func tlsEnforcer(t *testing.T, pki *testpki.PKI, opts tlsx.Options) (net.Listener, *tlsx.Source) {
+	t.Helper()
+	src, err := tlsx.NewSource(tlsx.Files(pki.Issue(t, "enforcer", testpki.Leaf{IPs: testpki.Loopback})), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +83,17 @@ func TestCredentialsFollowARotatedCA(t *testing.T) {
 	}
 	go gs.Serve(l)
 	t.Cleanup(gs.Stop)
+	return l, src
+}
+
+// TestCredentialsFollowARotatedCA: the enforcers' CA is rotated (the
+// bundle file gains the new CA, the enforcer's certificate is signed by
+// it). A client made before, with CredentialsFromEnv, verifies the new
+// certificate on its next connection; one with TLSFromEnv's fixed pool
+// does not.
+func TestCredentialsFollowARotatedCA(t *testing.T) {
+	pki := testpki.New(t)
+	l, src := tlsEnforcer(t, pki, tlsx.Options{Interval: 10 * time.Millisecond})
 
 	t.Setenv("ALLOT_TLS_CA", pki.CAFile)
 	dynamic, err := client.CredentialsFromEnv()
