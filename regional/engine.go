@@ -63,14 +63,14 @@ type Options struct {
 // An Engine is safe for concurrent use. The zero value is not usable; call
 // New.
 type Engine struct {
-	mu     sync.Mutex               // serialises SetConfig and share changes
+	mu     sync.Mutex               // serialises Reconfigure and share changes
 	shares map[string]*limitShares  // by domain + "\x00" + limit; kept across reloads
 	named  [][2]string              // (domain, limit) of each limitShares.id
 	cfg    atomic.Pointer[compiled] // read lock-free on every check
 
 	table *table
 	seed  maphash.Seed
-	// initial gives a limit's share when SetConfig first sees it (nil: 1,
+	// initial gives a limit's share when Reconfigure first sees it (nil: 1,
 	// a region alone); guarded by mu.
 	initial func(d *allot.Domain, l *allot.Limit) float64
 	peer    atomic.Pointer[peerState] // set once by SetPeers (peer.go)
@@ -427,8 +427,8 @@ func reconfigure(s *slot, cs []*reconf, cur, base params, share float64) params 
 
 // fresh initialises the state of a key this engine does not hold at now
 // (new, or swept when full): as if it had been full all along and had
-// followed every share change (and the configuration change c, nil for
-// none), a bucket holds at most what the share in force before the
+// followed every share change (and the configuration changes of c, nil
+// for none), a bucket holds at most what the share in force before the
 // changes kept gave it, clamped and refilled through them (a key first
 // seen just after a raise has not the raised burst: the region that gave
 // the share up may have spent it). A window starts empty.
@@ -562,7 +562,7 @@ func reconfigured(old *compiled, domain string, base params, name string, now in
 	return c
 }
 
-// SetInitialShare sets how a limit that a later SetConfig adds gets its
+// SetInitialShare sets how a limit that a later Reconfigure adds gets its
 // first share: a coordinated region starts new limits at its initial
 // split, never at the whole limit. It affects only limits not seen yet.
 func (e *Engine) SetInitialShare(fn func(d *allot.Domain, l *allot.Limit) float64) {

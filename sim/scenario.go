@@ -182,7 +182,7 @@ type LLM struct {
 //	config        at At the configuration becomes Config (the whole allot
 //	              configuration, inline, as the scenario's), as a reload
 //	              does it: every instance of every region it keeps takes
-//	              it (regional.Engine.SetConfig, then its node.Node's
+//	              it (regional.Engine.Reconfigure, then its node.Node's
 //	              Reconfigure), and the coordinator steps down and, For
 //	              later (0: at once), leads again under a new term from
 //	              the persisted assignments with the new domain (what

@@ -35,7 +35,7 @@ import (
 type Options struct {
 	Store *etcdstore.Store
 	// Apply puts a configuration in force (server.Service.SetConfig or
-	// regional.Engine.SetConfig). It is called from Run's goroutine, one
+	// regional.Engine.Reconfigure). It is called from Run's goroutine, one
 	// call at a time.
 	Apply  func(*allot.Config)
 	Logger *slog.Logger

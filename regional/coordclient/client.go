@@ -207,7 +207,7 @@ func (c *Client) Leave(ctx context.Context) {
 
 // Reconfigure follows a new configuration of the engine: limits it adds
 // are held at nothing until assigned. Call it after the engine's
-// SetConfig. A domain added to the configuration is linked at the next
+// Reconfigure. A domain added to the configuration is linked at the next
 // start.
 func (c *Client) Reconfigure(ctx context.Context) error {
 	return c.node.Reconfigure(c.opts.Now())
