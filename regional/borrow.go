@@ -362,10 +362,7 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 		if idx < 0 {
 			sh.makeRoom(t)
 			idx = sh.insert(h)
-			hist.fresh(&sh.slots[idx], t, base, ls.changeFor(base))
-			if exact, _ := sh.recall(&sh.slots[idx], t, p); exact { // evicted while active
-				hist.catchUp(&sh.slots[idx], base, ls.changeFor(base))
-			}
+			sh.remake(&sh.slots[idx], t, hist, base, p, ls.changeFor(base))
 		} else {
 			hist.catchUp(&sh.slots[idx], base, ls.changeFor(base))
 		}

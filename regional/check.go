@@ -461,13 +461,8 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 		fresh(s, now, w.p)
 		return
 	}
-	hist, c := w.ls.shares.hist(w.key), w.ls.changeFor(w.base)
-	hist.fresh(s, now, w.base, c)
-	exact, conservative := t.shards[shardOf(w.key)].recall(s, now, w.p) // evicted while active
-	if exact {
-		hist.catchUp(s, w.base, c)
-	}
-	t.restoreSlot(s, w, now, conservative) // persisted long windows (persist.go)
+	t.shards[shardOf(w.key)].remake(s, now, w.ls.shares.hist(w.key), w.base, w.p, w.ls.changeFor(w.base))
+	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
 }
 
 // sharedOf returns w's link to other regions when w is a shared-mode

@@ -242,9 +242,9 @@ func (sh *shard) evictMark() {
 // the key's shard lock; s was just made fresh.
 //
 // A key recalled as conservatively as an evicted key that shared its
-// place (table.go recall: its count unknown) is counted at its mark when
-// it has one in this window, which bounds what it may have admitted.
-func (t *table) restoreSlot(s *slot, w *work, now int64, conservative bool) {
+// place (table.go recall: its count unknownCount) is counted at its mark
+// when it has one in this window, which bounds what it may have admitted.
+func (t *table) restoreSlot(s *slot, w *work, now int64) {
 	c := t.persist.Load()
 	if c == nil || !c.gated(w) {
 		return
@@ -265,7 +265,7 @@ func (t *table) restoreSlot(s *slot, w *work, now int64, conservative bool) {
 	init := 0.0
 	if km := t.shards[shardOf(w.key)].marks[w.key]; km != nil && km.win == win {
 		init = km.mark
-		if conservative && s.a == unknownCount {
+		if s.a == unknownCount {
 			s.a = 0 // the mark bounds it
 		}
 	}

@@ -257,6 +257,17 @@ func (s *shard) remember(sl slot, now int64) {
 	}
 }
 
+// remake initialises s, the slot of a key just inserted at now, as its
+// share history and configuration changes c make a fresh key
+// (shareHist.fresh), or, when the key was evicted while active, from its
+// kept state (recall), brought through the changes since.
+func (s *shard) remake(sl *slot, now int64, hist *shareHist, base, p params, c *reconf) {
+	hist.fresh(sl, now, base, c)
+	if s.recall(sl, now, p) {
+		hist.catchUp(sl, base, c)
+	}
+}
+
 // places are key's two places in victims.
 func (s *shard) places(key uint64) (int, int) {
 	mask := uint64(len(s.victims) - 1)
@@ -264,19 +275,19 @@ func (s *shard) places(key uint64) (int, int) {
 }
 
 // recall makes s, the fresh slot of key just inserted at now, what it was
-// when evicted: exactly when its own state is kept (exact: the caller
-// brings it through the share changes since), or, when one of its places
+// when evicted: exactly when its own state is kept (it reports true: the
+// caller brings it through the changes since), or, when one of its places
 // holds a merged entry not idle yet, as charged as any key it stands for
-// can be under p (conservative): an empty bucket (a share raised since
+// can be under p (Stats.Conservative): an empty bucket (a share raised since
 // the eviction would make a bucket refilling to full at the entry's
 // idleAt hold more than the key did), a window closed for the rest of
 // this window and the next when the idleAt says the key may have been
 // charged in it (the limit in force then may have been above today's),
 // else a fresh window (a persisted key is counted at its mark instead:
 // restoreSlot).
-func (s *shard) recall(sl *slot, now int64, p params) (exact, conservative bool) {
+func (s *shard) recall(sl *slot, now int64, p params) (exact bool) {
 	if s.victims == nil {
-		return false, false
+		return false
 	}
 	i, j := s.places(sl.key)
 	var m *slot
@@ -288,14 +299,14 @@ func (s *shard) recall(sl *slot, now int64, p params) (exact, conservative bool)
 		if v.key == sl.key {
 			*sl, *v = *v, slot{}
 			s.stats.recalled++
-			return true, false
+			return true
 		}
 		if v.key == merged && (m == nil || v.idleAt > m.idleAt) {
 			m = v
 		}
 	}
 	if m == nil {
-		return false, false
+		return false
 	}
 	s.stats.conservative++
 	switch p.alg {
@@ -309,7 +320,7 @@ func (s *shard) recall(sl *slot, now int64, p params) (exact, conservative bool)
 		}
 	}
 	sl.idleAt = max(m.idleAt, now+p.wait(p.burst))
-	return false, true
+	return false
 }
 
 // lockSet locks the shards of up to len(keys) keys in ascending shard
