@@ -71,9 +71,12 @@ func NewApplier(d *allot.Domain, region string, snap Snapshot) (*Applier, error)
 // engine, in order, and the ack to send once they are applied. Shares
 // that lower what the region may use come first, so the region never uses
 // more than the old and the new assignment allow. A repeated assignment
-// changes nothing and is acknowledged again. An assignment older than the
-// latest applied returns ErrStale; one with an unknown limit or a bad
-// share, ErrUnknownLimit or ErrBadValue; nothing is applied then.
+// changes nothing and is acknowledged again. A share of a limit the
+// region's configuration lacks is skipped: the coordinator's configuration
+// is newer, and a limit the region does not know it does not enforce (see
+// Instance.Reconfigure). An assignment older than the latest applied
+// returns ErrStale; one with a bad share, ErrBadValue; nothing is applied
+// then.
 func (a *Applier) Apply(m Assignment) ([]Share, Ack, error) {
 	switch {
 	case m.Domain != a.domain:
@@ -89,23 +92,21 @@ func (a *Applier) Apply(m Assignment) ([]Share, Ack, error) {
 		return nil, ack, nil
 	}
 	for _, s := range m.Shares {
-		if _, ok := a.defaults[s.Limit]; !ok {
-			return nil, Ack{}, fmt.Errorf("%w %q", ErrUnknownLimit, s.Limit)
-		}
 		if !validShare(s.Value, s.Key) {
 			return nil, Ack{}, fmt.Errorf("%w: share %v of %s %q", ErrBadValue, s.Value, s.Limit, s.Key)
 		}
 	}
-	before := make([]float64, len(m.Shares))
-	changed := make([]bool, len(m.Shares))
-	for i, s := range m.Shares {
+	shares := a.known(m.Shares)
+	before := make([]float64, len(shares))
+	changed := make([]bool, len(shares))
+	for i, s := range shares {
 		before[i] = a.Share(s.Limit, s.Key)
 	}
-	for i, s := range m.Shares {
+	for i, s := range shares {
 		changed[i] = a.set(s)
 	}
 	var lower, raise []Share
-	for i, s := range m.Shares {
+	for i, s := range shares {
 		switch {
 		case !changed[i]:
 		case a.Share(s.Limit, s.Key) < before[i]:
@@ -116,6 +117,22 @@ func (a *Applier) Apply(m Assignment) ([]Share, Ack, error) {
 	}
 	a.term, a.version = m.Term, m.Version
 	return append(lower, raise...), ack, nil
+}
+
+// known returns the shares of limits the region's configuration has.
+func (a *Applier) known(shares []Share) []Share {
+	for i, s := range shares {
+		if _, ok := a.defaults[s.Limit]; !ok {
+			out := slices.Clone(shares[:i])
+			for _, s := range shares[i+1:] {
+				if _, ok := a.defaults[s.Limit]; ok {
+					out = append(out, s)
+				}
+			}
+			return out
+		}
+	}
+	return shares
 }
 
 // set records s and reports whether it changed what is stored.

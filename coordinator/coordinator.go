@@ -257,7 +257,8 @@ func level(s, d float32) float32 {
 // from snap, what earlier leaders persisted: each region may still be
 // applying the recorded share or bound (or, for a key, its default share)
 // until it acknowledges an assignment of the new term, and every vector is
-// sent again. Limits without a record start from InitialShares.
+// sent again. Limits without a record start from InitialShares, which the
+// first pass persists.
 //
 // Counting a key's default share too may count a key above 1 (its record
 // and the default's were written at different times). Such a key's shares
@@ -311,7 +312,11 @@ func New(now time.Time, cfg Config, snap Snapshot) (*Coordinator, error) {
 		ls.hits = l.Unit == allot.Requests
 		for r, s := range InitialShares(l.Floors, d.Regions) {
 			ls.floors[r] = l.Floors[d.Regions[r]]
-			ls.def[r] = cell{share: float32(s), bound: float32(s), target: float32(s)}
+			// dirty: the first pass persists the vector. The regions apply it
+			// without an assignment, from InitialShares of the regions their
+			// configuration lists; once that list changes, only a record
+			// says what a region no longer listed may still apply.
+			ls.def[r] = cell{share: float32(s), bound: float32(s), target: float32(s), flags: dirty}
 		}
 		c.limits = append(c.limits, ls)
 		c.limitOf[l.Name] = ls
@@ -404,6 +409,25 @@ func (c *Coordinator) reserved(limit string, now time.Time) float64 {
 		return 0
 	}
 	return c.gone[limit]
+}
+
+// goneCells returns, by limit, a cell for each region no longer
+// configured that may still apply some of its vectors at now. Records
+// written while they hold carry these cells, so a leader of a later term
+// holds them too (from its own now: longer, never shorter).
+func (c *Coordinator) goneCells(now time.Time) map[string][]Cell {
+	if c.gone == nil || !now.Before(c.goneUntil) {
+		return nil
+	}
+	out := make(map[string][]Cell, len(c.gone))
+	for id, h := range c.goneOf {
+		limit, region, _ := strings.Cut(id, "\x00")
+		out[limit] = append(out[limit], Cell{Region: region, Share: h, Bound: h})
+	}
+	for _, cs := range out {
+		slices.SortFunc(cs, func(a, b Cell) int { return strings.Compare(a.Region, b.Region) })
+	}
+	return out
 }
 
 func validShare(v float64, key string) bool {
@@ -884,7 +908,7 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 
 	// Every region with a changed share gets all its unacknowledged
 	// shares; at a rebalance, so does every region with any.
-	b := builder{regions: c.regions, shares: make([][]Share, n)}
+	b := builder{regions: c.regions, shares: make([][]Share, n), gone: c.goneCells(now)}
 	b.recs = append(make([]Record, 0, len(rd.Persist)+t.records), rd.Persist...)
 	b.cells = make([]Cell, 0, t.records*n)
 	for r := range b.shares {
@@ -1127,7 +1151,8 @@ type builder struct {
 	regions []string
 	shares  [][]Share // by region; nil for a region that gets no assignment
 	recs    []Record
-	cells   []Cell // backs the records' Cells
+	cells   []Cell            // backs the records' Cells
+	gone    map[string][]Cell // by limit: what regions no longer configured still hold
 }
 
 // emit adds the unacknowledged shares of one vector to the assignments
@@ -1150,6 +1175,7 @@ func (b *builder) emit(limit, key string, cs []cell) bool {
 		for r := range cs {
 			b.cells = append(b.cells, Cell{Region: b.regions[r], Share: float64(cs[r].share), Bound: float64(cs[r].bound)})
 		}
+		b.cells = append(b.cells, b.gone[limit]...)
 		b.recs = append(b.recs, Record{Limit: limit, Key: key, Cells: b.cells[start:len(b.cells):len(b.cells)]})
 	}
 	return changed

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"testing"
 	"time"
@@ -270,6 +271,84 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
+// tickAcked ticks c at now and acknowledges what it sends, and what that
+// brings, at once; it returns the latest default share sent to each
+// region.
+func tickAcked(t *testing.T, c *Coordinator, now time.Time) map[string]float64 {
+	t.Helper()
+	sent := map[string]float64{}
+	for rd := c.Tick(now); len(rd.Send) > 0; {
+		var next Ready
+		for _, a := range rd.Send {
+			for _, sh := range a.Shares {
+				if sh.Key == "" {
+					sent[a.Region] = sh.Value
+				}
+			}
+			got, err := c.Step(now, Ack{Domain: "api", Region: a.Region, Term: a.Term, Version: a.Version})
+			if err != nil {
+				t.Fatal(err)
+			}
+			next.Send = append(next.Send, got.Send...)
+		}
+		rd = next
+	}
+	return sent
+}
+
+// TestDroppedRegionsOfTheEvenSplitStayHeld: a vector that never moved is
+// persisted too, so a region dropped while it holds the even split is
+// held; and a record written during that hold carries the dropped
+// region's cell, so a second change within it holds both regions.
+func TestDroppedRegionsOfTheEvenSplitStayHeld(t *testing.T) {
+	cl := newCluster(t, threeRegions, Config{})
+	cl.tick(time.Second) // no demand: the even split, never moved
+	if len(cl.store.recs) == 0 {
+		t.Fatal("the initial vector was not persisted")
+	}
+	third := InitialShares(cl.d.Limits[0].Floors, cl.d.Regions)
+	const hold = time.Minute
+	now, term := cl.now, cl.store.term
+	snap := cl.store.snapshot()
+	var c *Coordinator
+	for _, regions := range []string{"[us, eu]", "[us]"} {
+		d := mustDomain(t, "domain: api\nregions: "+regions+"\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 100/1s}\n")
+		term++
+		var err error
+		if c, err = New(now, Config{Domain: d, Term: term, GoneHold: hold}, snap); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(time.Second)
+		for _, r := range d.Regions {
+			if _, err := c.Step(now, Report{Domain: "api", Region: r, At: now, Limits: []LimitDemand{{Limit: "per-user", Admitted: 100}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rd := c.Tick(now)
+		st := store{recs: map[keyID]Record{}}
+		for _, rec := range snap.Records {
+			st.recs[keyID{rec.Limit, rec.Key}] = rec
+		}
+		st.persist(rd)
+		snap = st.snapshot()
+	}
+	// us alone, within the hold of both eu and ap: both still hold their
+	// thirds, however much us asks for.
+	us := 0.0
+	for s := range 30 {
+		now = now.Add(time.Second)
+		if _, err := c.Step(now, Report{Domain: "api", Region: "us", At: now, Limits: []LimitDemand{{Limit: "per-user", Admitted: 100, Rejected: 100}}}); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := tickAcked(t, c, now)["us"]; ok {
+			us = v
+		}
+		if held := third[1] + third[2]; us > 1-held+1e-6 {
+			t.Fatalf("%ds after eu was dropped: us applies %.4f with eu and ap still holding %.4f", s+1, us, held)
+		}
+	}
+}
+
 // TestRemovedRegionKeepsItsShare: a configuration that drops eu leaves its
 // enforcers enforcing their last share until their grants expire, so the
 // new term counts what eu held as taken until GoneHold has passed: us and
@@ -298,22 +377,7 @@ func TestRemovedRegionKeepsItsShare(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for rd := c.Tick(now); len(rd.Send) > 0; {
-			var next Ready
-			for _, a := range rd.Send {
-				for _, sh := range a.Shares {
-					if sh.Key == "" {
-						applied[a.Region] = sh.Value
-					}
-				}
-				got, err := c.Step(now, Ack{Domain: "api", Region: a.Region, Term: a.Term, Version: a.Version})
-				if err != nil {
-					t.Fatal(err)
-				}
-				next.Send = append(next.Send, got.Send...)
-			}
-			rd = next
-		}
+		maps.Copy(applied, tickAcked(t, c, now))
 		sum := applied["us"] + applied["ap"]
 		switch inHold := now.Sub(start) < hold; {
 		case inHold && sum > 1-euHeld+1e-6:

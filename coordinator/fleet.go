@@ -313,8 +313,14 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 	cfg.GrantTTL = cmp.Or(cfg.GrantTTL, DefaultGrantTTL)
 	cfg.MaxSkew = cmp.Or(cfg.MaxSkew, DefaultMaxSkew)
 	// A region the configuration no longer lists keeps what it held until
-	// its instances' grants have expired.
-	cfg.Coordinator.GoneHold = cmp.Or(cfg.Coordinator.GoneHold, cfg.GrantTTL+cfg.MaxSkew)
+	// its instances' grants have expired: as prev knew them (an instance
+	// that left holds nothing), or a grant TTL from now.
+	if cfg.Coordinator.GoneHold == 0 {
+		cfg.Coordinator.GoneHold = cfg.GrantTTL + cfg.MaxSkew
+		if prev != nil {
+			cfg.Coordinator.GoneHold = prev.goneHold(now, cfg.Coordinator.Domain)
+		}
+	}
 	co, err := New(now, cfg.Coordinator, snap)
 	if err != nil {
 		return nil, err
@@ -641,6 +647,33 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 		}
 	}
 	return Ready{}, nil
+}
+
+// goneHold returns how long after now an instance of a region that d no
+// longer lists may still apply share it was granted: until its latest
+// grant's expiry plus the tolerated skew, a grant TTL plus the skew for
+// one whose expiry it does not know (one of an earlier leader it still
+// awaited, or a legacy one), and never for one that left. It returns a
+// negative duration if none may (Config.GoneHold: no hold).
+func (f *Fleet) goneHold(now time.Time, d *allot.Domain) time.Duration {
+	hold := time.Duration(-1)
+	for _, fr := range f.regions {
+		if slices.Contains(d.Regions, fr.name) {
+			continue
+		}
+		if f.quietIn(now, fr) {
+			return f.cfg.GrantTTL + f.cfg.MaxSkew
+		}
+		for _, in := range fr.insts {
+			switch {
+			case in.legacy && f.holds(now, in):
+				return f.cfg.GrantTTL + f.cfg.MaxSkew
+			case f.holds(now, in):
+				hold = max(hold, in.expires.Add(f.cfg.MaxSkew).Sub(now))
+			}
+		}
+	}
+	return hold
 }
 
 // leave removes instance in of fr, which holds nothing.

@@ -178,6 +178,19 @@ func (w *fleetWorld) deliver(in *fleetInst) {
 	}
 }
 
+// leave stops in gracefully: it drops its shares and tells the Fleet.
+func (w *fleetWorld) leave(in *fleetInst) Ready {
+	w.t.Helper()
+	shares, ack := in.x.Leave()
+	in.apply(shares)
+	ack.Instance = in.id
+	rd, err := w.f.Step(w.now, ack)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return rd
+}
+
 func (w *fleetWorld) report(in *fleetInst, loc float64) { w.reportKeys(in, loc, nil) }
 
 // reportKeys reports in's demand, with keys of the local limit.
@@ -585,13 +598,7 @@ func TestFleetLeaveAndMembers(t *testing.T) {
 	if w.loc(b) == 0 {
 		t.Fatal("b holds nothing")
 	}
-	shares, ack := b.x.Leave()
-	b.apply(shares)
-	ack.Instance = b.id
-	rd, err := w.f.Step(w.now, ack)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rd := w.leave(b)
 	if len(rd.Members) != 1 || rd.Members[0].Instance != "a" {
 		t.Fatalf("members after b left: %+v, want a alone", rd.Members)
 	}
@@ -621,5 +628,66 @@ func TestFleetLeaveAndMembers(t *testing.T) {
 	}
 	if f2.quietIn(w.now, fr) {
 		t.Fatal("the new leader still waits once every member attached")
+	}
+}
+
+// TestRemovedRegionHoldsWhatItsInstancesHold checks what a region the
+// configuration drops keeps at the next term of the same process: what
+// its instances may still apply. One that left (drained before the
+// change) holds nothing, so the region that stays is raised into its
+// share at once; one that did not keeps it until its grant expires.
+func TestRemovedRegionHoldsWhatItsInstancesHold(t *testing.T) {
+	one, err := allot.ParseConfig("fleet.yaml", []byte("domain: api\nregions: [us-east]\nlimits:\n  - {name: loc, match: {}, rate: 1000/1s}\n  - {name: ex, match: {}, rate: 1000/1s, enforcement: exact}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, left := range []bool{true, false} {
+		w := newFleetWorld(t, nil)
+		a, b := w.start("us-east", "a"), w.start("eu-west", "b")
+		w.connect(a)
+		w.connect(b)
+		w.run(4*time.Second, map[*fleetInst]float64{a: 500, b: 500})
+		held := w.loc(b)
+		if held < 0.3 {
+			t.Fatalf("eu-west's b holds %v before the change", held)
+		}
+		if left {
+			w.out(w.leave(b))
+			delete(w.insts, b.id)
+		}
+		cfg := w.f.cfg
+		cfg.Coordinator.Term++
+		cfg.Coordinator.Domain, cfg.Coordinator.GoneHold = one.Domain("api"), 0
+		var expires time.Time // of b's latest grant
+		if in := w.f.regions[w.f.regionOf["eu-west"]].byID[b.id]; in != nil {
+			expires = in.expires
+		}
+		f, err := NewFleet(w.now, cfg, w.snap, w.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.f = f
+		a.up, a.inbox = false, nil
+		if !left {
+			b.up, b.inbox = false, nil // eu-west's b can no longer reach the coordinator
+		}
+		w.connect(a)
+		start := w.now
+		for w.now.Before(start.Add(10 * time.Second)) {
+			w.run(250*time.Millisecond, map[*fleetInst]float64{a: 1000})
+			sum := w.loc(a)
+			if !left && w.now.Before(expires.Add(w.f.cfg.MaxSkew)) {
+				sum += held // b still applies it
+			}
+			if sum > 1+1e-6 {
+				t.Fatalf("left %v, %v after the change: us-east's a applies %v, with eu-west's %v above the limit", left, w.now.Sub(start), w.loc(a), held)
+			}
+			if left && w.now.Sub(start) >= 3*time.Second && w.loc(a) < 0.95 {
+				t.Fatalf("%v after eu-west, which had left, was removed, us-east applies %v, want the whole limit", w.now.Sub(start), w.loc(a))
+			}
+		}
+		if w.loc(a) < 0.95 {
+			t.Fatalf("left %v: us-east applies %v after the hold, want the whole limit", left, w.loc(a))
+		}
 	}
 }

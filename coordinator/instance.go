@@ -54,6 +54,7 @@ type Instance struct {
 	held     bool // a grant is in force (or an assignment without grants)
 	legacy   bool // the coordinator sends no grants
 	upToDate bool // a full grant was applied since Reconnect
+	behind   bool // Reconfigure added a limit since the latest full grant
 	applied  map[keyID]float64
 	// dirty are the limits' defaults (key "") and keys whose level may
 	// have changed since the previous diff; dirtyLimits, the limits all of
@@ -99,8 +100,10 @@ func (x *Instance) setDomain(d *allot.Domain) {
 }
 
 // Reconfigure follows a new configuration of the domain: limits it adds
-// are held at 0 until assigned; the others keep their shares. It returns
-// the shares to apply.
+// are held at 0 until assigned, and the instance is Behind until a full
+// grant brings their shares (the coordinator, whose configuration may
+// have had them first, sends them only when they change otherwise); the
+// others keep their shares. It returns the shares to apply.
 func (x *Instance) Reconfigure(d *allot.Domain) ([]Share, error) {
 	old := x.region
 	app, err := NewApplier(d, old.region, Snapshot{Term: old.term, Version: old.version})
@@ -115,6 +118,7 @@ func (x *Instance) Reconfigure(d *allot.Domain) ([]Share, error) {
 	for _, l := range d.Limits {
 		if _, ok := old.defaults[l.Name]; !ok {
 			app.defaults[l.Name] = 0 // held at nothing until assigned
+			x.behind = true
 		}
 	}
 	x.region = app
@@ -126,6 +130,10 @@ func (x *Instance) Reconfigure(d *allot.Domain) ([]Share, error) {
 // Shares returns what the engine must apply that Apply, Expire or
 // Reconfigure have not returned yet: at first, every limit's default at 0.
 func (x *Instance) Shares() []Share { return x.diff() }
+
+// Behind reports that Reconfigure added a limit since the latest full
+// grant: a new stream (Reconnect, Hello) brings its shares.
+func (x *Instance) Behind() bool { return x.behind }
 
 // Reconnect says a new stream begins: until a full grant arrives, other
 // assignments are refused.
@@ -249,6 +257,9 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 	}
 	weights, own, rest := map[string]float64{}, map[keyID]float64{}, map[keyID]float64{}
 	for _, w := range g.Weights {
+		if _, ok := x.region.defaults[w.Limit]; !ok && w.Value >= 0 && w.Value <= 1 {
+			continue // a limit of a newer configuration: not enforced here
+		}
 		if !x.weighted[w.Limit] || !(w.Value >= 0 && w.Value <= 1) || w.Rest && w.Key == "" {
 			return nil, Ack{}, fmt.Errorf("%w: weight %v of %q %q", ErrBadValue, w.Value, w.Limit, w.Key)
 		}
@@ -268,12 +279,11 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 			return nil, Ack{}, err
 		}
 		for _, s := range m.Shares {
-			if _, ok := app.defaults[s.Limit]; !ok {
-				return nil, Ack{}, fmt.Errorf("%w %q", ErrUnknownLimit, s.Limit)
-			}
 			if !validShare(s.Value, s.Key) {
 				return nil, Ack{}, fmt.Errorf("%w: share %v of %s %q", ErrBadValue, s.Value, s.Limit, s.Key)
 			}
+		}
+		for _, s := range app.known(m.Shares) {
 			app.set(s)
 		}
 		app.term, app.version = m.Term, m.Version
@@ -313,6 +323,7 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 		x.held, x.legacy = true, false
 	}
 	x.upToDate = x.upToDate || g.Full
+	x.behind = x.behind && !g.Full
 	return x.diff(), x.ack(), nil
 }
 

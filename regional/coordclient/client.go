@@ -87,6 +87,7 @@ type link struct {
 	renewed chan struct{}        // a grant with a new expiry was applied
 	leave   chan coordinator.Ack // Leave's ack, for the stream to send
 	left    chan struct{}        // closed once it was sent
+	resync  chan struct{}        // the stream must start again (node.Node.Behind)
 }
 
 // New returns a Client; Run starts it.
@@ -167,7 +168,7 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	for _, d := range c.node.Domains() {
 		l := &link{domain: d, reports: make(chan coordinator.Report, 1), renewed: make(chan struct{}, 1),
-			leave: make(chan coordinator.Ack, 1), left: make(chan struct{})}
+			leave: make(chan coordinator.Ack, 1), left: make(chan struct{}), resync: make(chan struct{}, 1)}
 		c.mu.Lock()
 		c.domains[d] = l
 		c.mu.Unlock()
@@ -206,11 +207,23 @@ func (c *Client) Leave(ctx context.Context) {
 }
 
 // Reconfigure follows a new configuration of the engine: limits it adds
-// are held at nothing until assigned. Call it after the engine's
-// Reconfigure. A domain added to the configuration is linked at the next
-// start.
+// are held at nothing until assigned, and the domain's stream starts
+// again, so that the full grant of the new one brings their shares. Call
+// it after the engine's Reconfigure. A domain added to the configuration
+// is linked at the next start.
 func (c *Client) Reconfigure(ctx context.Context) error {
-	return c.node.Reconfigure(c.opts.Now())
+	err := c.node.Reconfigure(c.opts.Now())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for d, l := range c.domains {
+		if c.node.Behind(d) {
+			select {
+			case l.resync <- struct{}{}:
+			default:
+			}
+		}
+	}
+	return err
 }
 
 // Run keeps the started domains linked to their coordinators until ctx
@@ -359,6 +372,8 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 			msg = wire.Report(r)
 		case a := <-acks:
 			msg = wire.Ack(a)
+		case <-l.resync:
+			return nil // a new stream: its full grant has the added limits' shares
 		case a := <-l.leave:
 			if err := st.Send(wire.Ack(a)); err != nil {
 				return err

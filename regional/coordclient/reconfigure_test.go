@@ -11,9 +11,10 @@ import (
 	"github.com/allot-dev/allot/regional"
 )
 
-// An instance starts holding nothing; a limit added by a new configuration
-// is held at nothing too, and its shares are accepted once the client is
-// reconfigured.
+// An instance starts holding nothing. An assignment naming a limit its
+// configuration lacks (the coordinator's is newer) is applied but for
+// that limit; once the limit is added it is held at nothing, and the
+// instance is behind until a full grant brings its share.
 func TestReconfigureAddsLimits(t *testing.T) {
 	const base = "domain: api\nregions: [a, b, c]\nlimits:\n  - {name: x, match: {u: \"*\"}, rate: 30/s, enforcement: exact}\n"
 	cfg, err := allot.ParseConfig("t.yaml", []byte(base))
@@ -50,14 +51,32 @@ func TestReconfigureAddsLimits(t *testing.T) {
 	c.mu.Lock()
 	l := c.domains["api"]
 	c.mu.Unlock()
-	if _, ok := c.assign(l, assign); ok {
-		t.Fatal("an assignment naming a limit the instance does not know was applied")
+	if _, ok := c.assign(l, assign); !ok {
+		t.Fatal("an assignment naming a limit the instance does not know was refused")
+	}
+	if x := e.Share("api", "x", ""); x != 0.2 {
+		t.Fatalf("share of x after an assignment that also names y: %v, want 0.2", x)
 	}
 	if err := c.Reconfigure(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	if x, y := e.Share("api", "x", ""), e.Share("api", "y", ""); x != 0.2 || y != 0 {
+		t.Fatalf("shares after Reconfigure: x=%v y=%v, want 0.2 and 0 until assigned", x, y)
+	}
+	if !c.node.Behind("api") {
+		t.Fatal("not behind after Reconfigure added a limit")
+	}
+	select {
+	case <-l.resync:
+	default:
+		t.Fatal("Reconfigure added a limit without starting the stream again")
+	}
+	assign.Version, assign.Grant.Seq = 2, 2
 	if _, ok := c.assign(l, assign); !ok {
 		t.Fatal("after Reconfigure, the assignment of the new limit was refused")
+	}
+	if c.node.Behind("api") {
+		t.Fatal("still behind after a full grant")
 	}
 	if x, y := e.Share("api", "x", ""), e.Share("api", "y", ""); x != 0.2 || y != 0.25 {
 		t.Fatalf("shares after the assignment: x=%v y=%v", x, y)

@@ -227,6 +227,15 @@ func (n *Node) Connect(domain string) (coordinator.Ack, []coordinator.Weight, er
 	return ack, ws, nil
 }
 
+// Behind reports that Reconfigure added a limit of domain since its
+// latest full grant: a new stream (Connect) brings the limit's shares.
+func (n *Node) Behind(domain string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	x := n.links[domain]
+	return x != nil && x.Behind()
+}
+
 // Applied returns the term and version of the latest assignment applied
 // for domain (zeros for none or a domain not coordinated here).
 func (n *Node) Applied(domain string) (term int64, version uint64) {
