@@ -169,6 +169,9 @@ type limitState struct {
 	index  map[string]int32
 	keys   []hotKey
 	cells  []cell // key i's vector is cells[i*n : i*n+n] for n regions
+	// unsaved: def is InitialShares, of which no record exists yet (see
+	// Coordinator.Unsaved).
+	unsaved bool
 }
 
 type hotKey struct {
@@ -302,7 +305,7 @@ func New(now time.Time, cfg Config, snap Snapshot) (*Coordinator, error) {
 			w > 0 && w <= cfg.Period && (c.window == 0 || w < c.window) {
 			c.window = w
 		}
-		ls := &limitState{name: l.Name, floors: make([]float64, n), def: make([]cell, n), index: map[string]int32{}}
+		ls := &limitState{name: l.Name, floors: make([]float64, n), def: make([]cell, n), index: map[string]int32{}, unsaved: true}
 		if c.longWindow(l) {
 			ls.window = l.Rate.Period
 		}
@@ -336,7 +339,9 @@ func (c *Coordinator) restore(now time.Time, rec Record) error {
 	}
 	n := len(c.regions)
 	cs, blank := ls.def, cell{} // a region the record lacks holds nothing
-	if rec.Key != "" {
+	if rec.Key == "" {
+		ls.unsaved = false
+	} else {
 		i, ok := ls.index[rec.Key]
 		if !ok {
 			i = ls.add(rec.Key, now.UnixNano(), n)
@@ -409,6 +414,24 @@ func (c *Coordinator) reserved(limit string, now time.Time) float64 {
 		return 0
 	}
 	return c.gone[limit]
+}
+
+// Unsaved returns the records of the default vectors that start from
+// InitialShares and were not persisted yet, and marks them persisted:
+// whoever grants a part of them first (Fleet.Attach) persists these
+// before, as a pass does with what it sends.
+func (c *Coordinator) Unsaved(now time.Time) []Record {
+	var b builder
+	for _, ls := range c.limits {
+		if ls.unsaved {
+			if b.regions == nil {
+				b = builder{regions: c.regions, shares: make([][]Share, len(c.regions)), gone: c.goneCells(now)}
+			}
+			b.emit(ls.name, "", ls.def)
+			ls.unsaved = false
+		}
+	}
+	return b.recs
 }
 
 // goneCells returns, by limit, a cell for each region no longer
@@ -922,7 +945,9 @@ func (c *Coordinator) pass(now time.Time, rebalance bool, acked int) Ready {
 				ls.keys[i].recorded = true
 			}
 		}
-		b.emit(ls.name, "", ls.def)
+		if b.emit(ls.name, "", ls.def) {
+			ls.unsaved = false
+		}
 	}
 	for r, sh := range b.shares {
 		if sh == nil {

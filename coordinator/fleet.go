@@ -496,6 +496,10 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 		f.ackSeq(in, hello.Seq)
 	}
 	rd := f.evalAck(now, fr)
+	if recs := f.co.Unsaved(now); recs != nil { // persisted before the grant goes out
+		rd.Persist = append(recs, rd.Persist...)
+		rd.Term, rd.Version = f.co.term, max(rd.Version, f.co.version)
+	}
 	f.moveWeights(now, fr, true, nil, &rd) // a part for it at once, if one is free
 	rd.Send = append(rd.Send, f.fullGrant(now, fr, in))
 	f.membersOut(now, &rd)
@@ -975,7 +979,20 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 		if retarget && (f.long[j] == 0 || newcomer(cs, fr.state) || f.timedWeights(fr, j, now)) {
 			divide(cs, fr.state, fr.demand, 1, fr.want)
 		}
-		grant(cs, nil, weightHysteresis/2, 0, noRaise)
+		clip := noRaise
+		if !quiet && unaware && loose(fr, j) {
+			// An instance that does not know rest factors applies its
+			// weight to every key, also to one whose weights of their own
+			// exceed their instances' weights (apart): it is raised only
+			// once the keys are back together.
+			clip = func(i int, give float64) float64 {
+				if in := fr.insts[i]; !in.legacy && !in.keyAware {
+					return -1
+				}
+				return give
+			}
+		}
+		grant(cs, nil, weightHysteresis/2, 0, clip)
 		for i, in := range fr.insts {
 			in.w[j] = cs[i]
 		}
@@ -998,9 +1015,32 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 	}
 }
 
+// loose reports whether a hot key of fr's weighted limit j has a weight
+// of its own above its instance's weight for the limit (by bound): the
+// instances' weights for the limit then do not bound what they apply to
+// the key.
+func loose(fr *fleetRegion, j int) bool {
+	for _, k := range fr.keyList {
+		if k.limit != j {
+			continue
+		}
+		for _, kc := range k.cells {
+			if kc.c.bound > kc.in.w[j].bound {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // restMin is the latest change of rest factors that every instance of fr
-// that may hold share has acked.
+// that may hold share has acked: none during a quiet period, when an
+// instance of an earlier leader that has not attached yet may apply any
+// rest factor (1 for a key it never had one for).
 func restMin(f *Fleet, now time.Time, fr *fleetRegion) uint64 {
+	if f.quietIn(now, fr) {
+		return 0
+	}
 	v := fr.restVer
 	for _, in := range fr.insts {
 		if !in.legacy && f.holds(now, in) {

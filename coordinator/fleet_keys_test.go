@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -307,4 +308,90 @@ func TestFleetOlderInstanceKeepsKeysTogether(t *testing.T) {
 			}
 		}
 	}
+}
+
+// An instance of an earlier release (not KeyAware) applies its weight for
+// the limit to every key. One that attaches while a key is apart (weights
+// of their own above their instances' weights) is raised only once the
+// key is back together, not into a weight freed meanwhile by an expired
+// grant: at no step do the key's shares sum above 1.
+func TestFleetOlderInstanceWaitsForKeysTogether(t *testing.T) {
+	w, us := keyWorld(t)
+	demand := w.everyone(100)
+	hot := map[*fleetInst]string{us[0]: "k0", us[1]: "k0"}
+	w.runKeys(20*time.Second, demand, hot)
+	if us[0].x.own[keyID{"loc", "k0"}] < 0.4 {
+		t.Fatalf("k0 is not apart: weight of its own %v", us[0].x.own[keyID{"loc", "k0"}])
+	}
+	// u7 is cut off: its weight is free once its grant expires. Before,
+	// the two that k0 reaches are cut off too (they cannot ack the key
+	// coming back together), and an older instance attaches.
+	w.cut(us[7])
+	w.runKeys(3*time.Second, demand, hot)
+	w.cut(us[0])
+	w.cut(us[1])
+	old := w.start("us-east", "old")
+	old.older = true
+	w.connect(old)
+	demand[old] = 100
+	w.runKeys(10*time.Second, demand, hot) // checks every step
+	for _, in := range us[:2] {
+		w.connect(in)
+	}
+	w.runKeys(20*time.Second, demand, hot)
+	if old.level("loc", "") == 0 {
+		t.Fatal("the older instance is never raised")
+	}
+}
+
+// A new leader's quiet period: an instance of the earlier leader that has
+// not attached yet may apply any rest factor (none at all, 1, for a key
+// whose factor it never applied), so no rest factor is taken as
+// confirmed, and no weight of its own rises into it, until every such
+// instance attached and acked.
+func TestFleetRestFactorsWaitForEarlierInstances(t *testing.T) {
+	w, us := keyWorld(t)
+	demand := w.everyone(100)
+	w.runKeys(10*time.Second, demand, nil)
+	// k0 becomes hot at u0 and u1: its rest factor goes down, and every
+	// instance but u6 and u7 applies it before the leader fails over.
+	hot := map[*fleetInst]string{us[0]: "k0", us[1]: "k0"}
+	for range 8 {
+		for _, in := range w.insts {
+			var keys []KeyDemand
+			if hot[in] != "" {
+				keys = []KeyDemand{{Key: "k0", Admitted: 60, Rejected: 40, NearLimit: true}}
+			}
+			w.reportKeys(in, 100, keys)
+		}
+		for _, in := range w.insts {
+			if in != us[6] && in != us[7] {
+				w.deliver(in)
+			}
+		}
+		w.check(w.now.String())
+		w.advance(250 * time.Millisecond)
+	}
+	if r, ok := us[5].x.rest[keyID{"loc", "k0"}]; !ok || r >= 1 {
+		t.Fatalf("u5 applies rest factor %v (%v) for k0, want keyRest", r, ok)
+	}
+	if _, ok := us[6].x.rest[keyID{"loc", "k0"}]; ok {
+		t.Fatal("u6 applies a rest factor for k0 already")
+	}
+	w.newLeader(false)
+	for _, in := range w.insts {
+		if in != us[6] && in != us[7] {
+			w.connect(in)
+		}
+	}
+	late := maps.Clone(demand)
+	delete(late, us[6])
+	delete(late, us[7])
+	w.runKeys(2*time.Second, late, hot)
+	w.connect(us[6])
+	w.connect(us[7])
+	w.deliver(us[0]) // before u6 and u7 apply their full grants
+	w.deliver(us[1])
+	w.check("u6 and u7 attached")
+	w.runKeys(20*time.Second, demand, hot)
 }

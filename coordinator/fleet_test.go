@@ -73,8 +73,10 @@ func newFleetWorldHot(t testing.TB, prev *Fleet, hotTTL time.Duration) *fleetWor
 // newLeader replaces the Fleet by one of the next term, starting from what
 // the Fleets persisted, that continues the old one (prev) or not (a
 // failover). Every stream of the old one ends.
-func (w *fleetWorld) newLeader(continues bool) {
-	cfg := w.f.cfg
+func (w *fleetWorld) newLeader(continues bool) { w.newTerm(w.f.cfg, continues) }
+
+// newTerm is newLeader with configuration cfg.
+func (w *fleetWorld) newTerm(cfg FleetConfig, continues bool) {
 	cfg.Coordinator.Term = w.f.co.term + 1
 	var prev *Fleet
 	if continues {
@@ -88,6 +90,19 @@ func (w *fleetWorld) newLeader(continues bool) {
 	for _, in := range w.insts {
 		in.up, in.inbox = false, nil
 	}
+}
+
+// dropRegion replaces the Fleet by one of the next term whose
+// configuration no longer lists region, continuing the old one or not.
+// Every stream ends; the region's instances cannot connect again, and go
+// on applying what they hold until their grants expire.
+func (w *fleetWorld) dropRegion(region string, continues bool) {
+	w.t.Helper()
+	d := *w.dom()
+	d.Regions = slices.DeleteFunc(slices.Clone(d.Regions), func(r string) bool { return r == region })
+	cfg := w.f.cfg
+	cfg.Coordinator.Domain, cfg.Coordinator.GoneHold = &d, 0
+	w.newTerm(cfg, continues)
 }
 
 func (w *fleetWorld) dom() *allot.Domain { return w.f.dom }
@@ -495,6 +510,13 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 				in.up, in.inbox = false, nil
 			},
 			"leader": func() { w.newLeader(rapid.Bool().Draw(rt, "continues")) },
+			"drop": func() { // the configuration drops eu-west: its instances hold what they hold until their grants expire
+				if len(w.dom().Regions) == 1 {
+					return
+				}
+				w.dropRegion("eu-west", rapid.Bool().Draw(rt, "continues"))
+				ids = slices.DeleteFunc(ids, func(id string) bool { return w.insts[id].region == "eu-west" })
+			},
 			"reorder": func() { // an instance applies its messages in another order (they travel apart)
 				if in := pick(); len(in.inbox) > 1 {
 					j := rapid.IntRange(1, len(in.inbox)-1).Draw(rt, "reorder")
@@ -504,7 +526,7 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 		}
 		var names []string // weighted: mostly traffic and progress, now and then a failure
 		for name, weight := range map[string]int{"connect": 4, "cut": 1, "report": 3, "hot": 3, "deliver": 4, "settle": 2,
-			"round": 4, "advance": 2, "restart": 1, "lose": 1, "leave": 1, "leader": 1, "reorder": 1} {
+			"round": 4, "advance": 2, "restart": 1, "lose": 1, "leave": 1, "leader": 1, "reorder": 1, "drop": 1} {
 			for range weight {
 				names = append(names, name)
 			}
@@ -628,6 +650,20 @@ func TestFleetLeaveAndMembers(t *testing.T) {
 	}
 	if f2.quietIn(w.now, fr) {
 		t.Fatal("the new leader still waits once every member attached")
+	}
+}
+
+// The first grant of a Fleet whose domain has no records goes out only
+// with a record of the vector it grants a part of (InitialShares): a
+// region the configuration drops later is held by that record.
+func TestFleetPersistsTheInitialVectorBeforeGranting(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	w.connect(w.start("eu-west", "e1"))
+	for _, l := range []string{"loc", "ex"} {
+		i := slices.IndexFunc(w.snap.Records, func(r Record) bool { return r.Limit == l && r.Key == "" })
+		if i < 0 || len(w.snap.Records[i].Cells) != 2 {
+			t.Fatalf("after the first grant the records are %+v: want %s's initial vector", w.snap.Records, l)
+		}
 	}
 }
 
