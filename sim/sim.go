@@ -112,11 +112,15 @@ type world struct {
 	// while down. gen counts coordinators, so that messages sent to a
 	// stopped one are lost.
 	coord *coordinator.Fleet
-	gen   int
-	term  int64
-	snap  coordinator.Snapshot // what was persisted
-	cut   map[string]bool      // regions partitioned from the coordinator and peers
-	tally map[string]*tally    // by Weighted limit (coordinated systems)
+	// reloaded is the Fleet that stepped down for a configuration change:
+	// the next term continues it, as the coordinator's driver does in the
+	// same process (coordinator/service: a reload).
+	reloaded *coordinator.Fleet
+	gen      int
+	term     int64
+	snap     coordinator.Snapshot // what was persisted
+	cut      map[string]bool      // regions partitioned from the coordinator and peers
+	tally    map[string]*tally    // by Weighted limit (coordinated systems)
 }
 
 // region is one region of a system.
@@ -538,7 +542,8 @@ func (sc *Scenario) region(name string) *Region {
 func (w *world) start() error {
 	w.term++
 	c, err := coordinator.NewFleet(w.now, coordinator.FleetConfig{Coordinator: coordinator.Config{Domain: w.dom, Term: w.term,
-		Period: w.sc.Period, HalfLife: w.sc.HalfLife}}, w.snap, nil)
+		Period: w.sc.Period, HalfLife: w.sc.HalfLife}}, w.snap, w.reloaded)
+	w.reloaded = nil
 	if err != nil {
 		return fmt.Errorf("start the coordinator of term %d: %w", w.term, err)
 	}
@@ -650,7 +655,7 @@ func (w *world) reconfigure(f Fault) error {
 	if w.sys == ideal || w.sys == Naive {
 		return nil
 	}
-	w.coord = nil // steps down; its streams close
+	w.coord, w.reloaded = nil, w.coord // steps down; its streams close
 	w.at(w.now.Add(f.For), func() {
 		if err := w.start(); err != nil {
 			panic(err)
