@@ -41,9 +41,11 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // of a window), and a sliding window of true time may also hold what was
 // admitted within skew of its edges.
 //
-// Not covered here (open): a region removed
-// from the configuration (the coordinator's part: TestRemovedRegionKeepsItsShare),
-// shared mode and the store's fallback.
+// Not covered here (open): a region removed from the configuration
+// (the coordinator's part: TestRemovedRegionKeepsItsShare, and
+// TestFleetNeverOverAllocates on the shares in force), shared mode (its
+// own bound: TestSharedAdmissionsStayWithinTheBound, one instance a
+// region and one clock) and the store's fallback.
 func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 	runs := *admissionRuns
 	var events [8]int

@@ -40,7 +40,7 @@ import (
 // window the fallback began, what the region had counted (its own and its
 // other instances') plus share × what was left of L (less the peers'
 // counts as last known), at most max(that count, share × L), fixed at
-// the key's first decision in fallback. The share is the least in force
+// the key's first decision in each fallback. The share is the least in force
 // since the window began (shareHist.forCheck). The regions' parts of what is left add up to at
 // most what is left, so a partition admits no more than the bound.
 //
@@ -114,8 +114,10 @@ type sharedKey struct {
 	nsent int
 	sentW uint64
 	// fbWin is 1 + the window whose fallback allowance is fbCap: the
-	// window the fallback began in.
+	// window the fallback began in; fbAt, the limit's heardAll then,
+	// which names the fallback (it stays put while one lasts).
 	fbWin uint64
+	fbAt  int64
 	fbCap float64
 }
 
@@ -284,13 +286,18 @@ func (sk *sharedKey) capUnseen(s *slot, w *work, own float64, win uint64, now in
 // fallback; in the window the fallback began, region (the region's count
 // of the window) plus share × what was left of L, less the peers' counts
 // as last known, and at most max(region, share × L), fixed at the key's
-// first decision in fallback. The caller holds the shard's lock.
+// first decision in this fallback: a later fallback in the same window
+// starts again from what is left then (before, it took up the first
+// one's allowance, which the regions had since spent in shared mode:
+// 2,154 in a window of L = 1,837, bound 184). The caller holds the
+// shard's lock.
 func (sk *sharedKey) fallbackCap(w *work, win uint64, region float64) {
 	ss := sk.ss
-	if ss.heardAll.Load()+ss.staleAfter < int64(win)*ss.period {
+	heardAll := ss.heardAll.Load()
+	if heardAll+ss.staleAfter < int64(win)*ss.period {
 		return // stale since before the window began
 	}
-	if sk.fbWin != win+1 {
+	if sk.fbWin != win+1 || sk.fbAt != heardAll {
 		l := ss.perWindow(w.base)
 		known, _ := sk.peers.at(win)
 		share := 0.0
@@ -299,7 +306,7 @@ func (sk *sharedKey) fallbackCap(w *work, win uint64, region float64) {
 		}
 		// Never more than share × L, the split allowance, unless the
 		// region had counted more already.
-		sk.fbWin, sk.fbCap = win+1, min(region+share*max(0, l-region-known), max(region, w.p.amount))
+		sk.fbWin, sk.fbAt, sk.fbCap = win+1, heardAll, min(region+share*max(0, l-region-known), max(region, w.p.amount))
 	}
 	w.p.amount, w.p.burst = sk.fbCap, sk.fbCap
 }

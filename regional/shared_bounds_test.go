@@ -170,3 +170,40 @@ func TestSharedOneRegionAtTheRate(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedSecondFallbackInAWindow: a region that fell back once in a
+// window, then spent in shared mode after the peers healed, falls back
+// again in the same window from what is left then, not from the first
+// fallback's allowance, which the regions have since spent.
+func TestSharedSecondFallbackInAWindow(t *testing.T) {
+	cfg := strings.Replace(sharedConfig, "1000/1s, mode: shared", "1000/10s, mode: shared, sync_interval: 50ms, stale_after: 250ms", 1)
+	s := newPeerSim(t, cfg, abc[:2], []float64{0.5, 0.5}, 12)
+	s.delay = 20 * time.Millisecond
+	a, b := s.regions[0], s.regions[1]
+	s.run(time.Second) // every peer heard
+	s.untilWindow(0)
+	s.untilWindow(0) // a window with nothing before it: the estimate is the window's count
+	from := s.now
+	a.offered = 10 // a little, so that a decides in its first fallback
+	s.cut["a"] = true
+	s.run(time.Second)
+	delete(s.cut, "a")
+	s.run(time.Second) // healed: shared mode again
+	a.offered, b.offered = 0, 400
+	s.run(2500 * time.Millisecond) // b spends most of the window
+	b.offered = 0
+	s.run(time.Second)
+	s.cut["b"] = true // a falls back a second time in the window
+	a.offered = 400
+	s.untilWindow(time.Second)
+	st := a.e.SyncStats()[0]
+	bound := 1000 + st.PartitionBound()
+	w, worst := s.worstWindow(from)
+	t.Logf("worst window %d admitted %.0f (a %.0f, b %.0f), L + partition bound %.0f, fallbacks %d", w, worst, a.admitted[w], b.admitted[w], bound, st.Fallbacks)
+	if st.Fallbacks < 2 {
+		t.Fatalf("a fell back %d times, want 2", st.Fallbacks)
+	}
+	if worst > bound {
+		t.Fatalf("window %d admitted %.0f, above L + partition bound = %.0f", w, worst, bound)
+	}
+}
