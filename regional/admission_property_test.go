@@ -25,8 +25,11 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // holds its share from its grant on), keys are swept and made again,
 // peers lend to each other, the limit's L (and a bucket's burst) is
 // lowered or raised, reaching each instance at its own time within a
-// rebalance period, and windows last up to a thousand rebalance periods.
-// The oracle sums admissions over every instance in true time: for a
+// rebalance period, instances are cut off from the coordinator (each
+// keeps its grant until it expires on its clock, then holds nothing; the
+// model counts it until the expiry plus the skew; reconnected, it gets a
+// part of what no one holds, in force from then), and windows last up to
+// a thousand rebalance periods. The oracle sums admissions over every instance in true time: for a
 // sliding window, at most L in each aligned window, L being the larger
 // of the limits in force somewhere during the window; for a token bucket
 // or GCRA, at most B + r·T over every interval T, with B the largest
@@ -48,7 +51,7 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // region and one clock) and the store's fallback.
 func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 	runs := *admissionRuns
-	var events [8]int
+	var events [10]int
 	start := time.Now()
 	for seed := range uint64(runs) {
 		d := &draw{rand.New(rand.NewPCG(seed, 0x616c6c6f74))}
@@ -62,8 +65,8 @@ func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 			events[k] += n
 		}
 	}
-	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active",
-		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7])
+	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active, %d instances cut off, %d reconnected",
+		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7], events[8], events[9])
 }
 
 // draw draws a run's choices from a seeded source.
@@ -84,6 +87,26 @@ type admissionHolder struct {
 	def    float64       // the default share in force
 	key    float64       // the hot key's own share in force, when own
 	own    bool          // the hot key has a share of its own here
+	// cut: cut off from the coordinator, it keeps what it was granted
+	// until its grant expires (expires, in true time; on its clock at
+	// expires + skew), then holds nothing (expired) until it reconnects.
+	cut            bool
+	expires        int64
+	expired        bool
+	cutDef, cutKey float64 // what it held when cut off: the coordinator counts it until the expiry
+}
+
+// frozen reports whether the model coordinator must count h as holding
+// what it has in force (cut off, its grant not yet expired with the
+// tolerated skew), and held says what: nothing once it has.
+func (r *admissionRun) frozen(h *admissionHolder) (frozen bool, held float64) {
+	if !h.cut {
+		return false, 0
+	}
+	if r.now >= h.expires+r.skew+1 {
+		return true, 0
+	}
+	return true, max(h.cutDef, h.cutKey)
 }
 
 type admission struct {
@@ -123,7 +146,7 @@ type admissionRun struct {
 	now      int64
 	raises   []pendingRaise
 	admitted []admission
-	events   [8]int
+	events   [10]int
 	dec      allot.Decision
 }
 
@@ -227,15 +250,29 @@ func (r *admissionRun) start(t testing.TB, h *admissionHolder) {
 	}
 }
 
-// vector draws a share per holder, Σ ≤ 1; some hold nothing.
+// vector draws a share per holder, Σ ≤ 1; some hold nothing. A holder
+// cut off from the coordinator keeps what it holds, counted until its
+// grant has expired.
 func (r *admissionRun) vector(d *draw) []float64 {
 	v := make([]float64, len(r.holders))
 	left := 1.0
+	for i, h := range r.holders {
+		if f, _ := r.frozen(h); f {
+			// Either of its figures may be in the other vector too: a
+			// key that follows the default here, or the default where
+			// the others' keys follow it.
+			v[i] = max(h.cutDef, h.cutKey)
+			if r.now >= h.expires+r.skew+1 {
+				v[i] = 0
+			}
+			left -= v[i]
+		}
+	}
 	for _, i := range d.r.Perm(len(v)) {
-		if d.int(0, 4) == 0 {
+		if f, _ := r.frozen(r.holders[i]); f || d.int(0, 4) == 0 {
 			continue
 		}
-		v[i] = math.Floor(d.float(0, left)*1000) / 1000
+		v[i] = math.Floor(d.float(0, max(left, 0))*1000) / 1000
 		left -= v[i]
 	}
 	return v
@@ -303,7 +340,7 @@ func (r *admissionRun) rebalance(t testing.TB, d *draw) {
 		r.events[1]++
 	case 2: // the hot key's own vector
 		for i, to := range r.vector(d) {
-			if h := r.holders[i]; !h.own { // promoted where it follows the default: same share first
+			if h := r.holders[i]; !h.own && !h.cut { // promoted where it follows the default: same share first
 				r.apply(t, pendingRaise{h: i, key: true, to: h.def})
 			}
 			todo = append(todo, pendingRaise{h: i, key: true, to: to})
@@ -317,6 +354,8 @@ func (r *admissionRun) rebalance(t testing.TB, d *draw) {
 		}
 		r.events[2]++
 	}
+	// A holder cut off gets nothing (and its share was counted as kept).
+	todo = slices.DeleteFunc(todo, func(p pendingRaise) bool { return r.holders[p.h].cut })
 	for _, p := range todo {
 		h := r.holders[p.h]
 		was := h.def
@@ -334,7 +373,9 @@ func (r *admissionRun) rebalance(t testing.TB, d *draw) {
 
 func (r *admissionRun) run(t testing.TB, d *draw) {
 	for range r.steps {
-		r.now += d.int64(0, r.rebal)
+		next := r.now + d.int64(0, r.rebal)
+		r.expire(t, next)
+		r.now = next
 		for len(r.raises) > 0 && r.raises[0].at <= r.now {
 			r.apply(t, r.raises[0])
 			r.raises = r.raises[1:]
@@ -371,6 +412,9 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 			r.tracef("restart %p", h)
 			r.events[7] += int(h.e.Stats().EvictedActive)
 			r.start(t, h)
+			if h.cut { // a new process that cannot reach the coordinator holds nothing
+				h.def, h.key, h.expired = 0, 0, true
+			}
 			if err := h.e.ResetShare("api", "l", h.def, r.clock(h)); err != nil {
 				t.Fatal(err)
 			}
@@ -380,6 +424,8 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 				}
 			}
 			r.events[3]++
+		case k == 17 && d.bool():
+			r.partition(t, d)
 		case k == 17:
 			r.tracef("sweep")
 			for _, h := range r.holders {
@@ -392,6 +438,79 @@ func (r *admissionRun) run(t testing.TB, d *draw) {
 	}
 	for _, h := range r.holders {
 		r.events[7] += int(h.e.Stats().EvictedActive)
+	}
+}
+
+// expire advances to each instant before next at which a cut-off
+// holder's clock reaches its grant's expiry, and drops what it holds
+// then, as its Instance does (coordinator.Instance.Expire).
+func (r *admissionRun) expire(t testing.TB, next int64) {
+	for {
+		var h *admissionHolder
+		for _, o := range r.holders {
+			if at := o.expires - o.skew; o.cut && !o.expired && at <= next && (h == nil || at < h.expires-h.skew) {
+				h = o
+			}
+		}
+		if h == nil {
+			return
+		}
+		r.now = max(r.now, h.expires-h.skew)
+		r.tracef("holder %p: grant expired", h)
+		h.expired, h.def = true, 0
+		if err := h.e.SetShare(r.clock(h), "api", "l", 0); err != nil {
+			t.Fatal(err)
+		}
+		if h.own {
+			h.key = 0
+			if err := h.e.SetKeyShares(r.clock(h), "api", "l", []KeyShare{{Key: r.keyName(), Share: 0}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// partition cuts a holder off from the coordinator (its grant lasts a
+// random time, up to a few rebalances, from now) or reconnects one whose
+// grant the coordinator has counted as expired: it gets a part of what
+// no one holds, in force from now (Engine.ResetShare, as a full grant to
+// an instance that held nothing).
+func (r *admissionRun) partition(t testing.TB, d *draw) {
+	h := r.holders[d.int(0, len(r.holders)-1)]
+	switch f, _ := r.frozen(h); {
+	case !h.cut:
+		h.cut, h.expired, h.expires = true, false, r.now+d.int64(0, 4*r.rebal)
+		h.cutDef, h.cutKey = h.def, h.keyInForce()
+		// Raises on their way to it are lost: it keeps what it has.
+		r.raises = slices.DeleteFunc(r.raises, func(p pendingRaise) bool { return r.holders[p.h] == h })
+		r.tracef("holder %p: cut off until %v", h, time.Duration(h.expires-t0.UnixNano()))
+		r.events[8]++
+	case f && r.now >= h.expires+r.skew+1:
+		held := 0.0
+		for _, o := range r.holders {
+			if o != h {
+				_, fh := r.frozen(o)
+				held += max(o.def, o.keyInForce(), fh)
+			}
+		}
+		for _, p := range r.raises {
+			held += p.to
+		}
+		h.cut, h.def = false, math.Floor(d.float(0, max(0, 1-held))*1000)/1000
+		r.tracef("holder %p: reconnected, share %v from now", h, h.def)
+		r.events[9]++
+		if err := h.e.ResetShare("api", "l", h.def, r.clock(h)); err != nil {
+			t.Fatal(err)
+		}
+		// The hot key has shares of its own everywhere or nowhere: where
+		// the others hold it, this one holds none of it yet.
+		ks := KeyShare{Key: r.keyName(), Share: -1}
+		if h.own {
+			ks.Share, h.key = 0, 0
+		}
+		if err := h.e.SetKeyShares(r.clock(h), "api", "l", []KeyShare{ks}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
