@@ -31,6 +31,12 @@ type params struct {
 	// allowance's: a key held at its mark is not near its limit).
 	cap      float64
 	capRetry int64
+	// spentAt, when above 0, is when a fallback began (Enforcer, on_failure
+	// local): the store may have spent the region's allowance of the
+	// window up to then, which the fallback table does not know, so a
+	// sliding window admits nothing in the window that holds it. (A token
+	// bucket or GCRA key is not held to it: see Enforcer.)
+	spentAt int64
 }
 
 // maxWait caps reported durations: a key whose rate is 0 (share 0) never
@@ -203,16 +209,22 @@ func takeWindow(s *slot, now int64, p params, cost float64, force bool) outcome 
 	estP := s.b*left + s.a*period
 	fits := estP+cost*period <= p.amount*period
 	capped := p.cap > 0 && s.a+cost > p.cap
-	o := outcome{allowed: fits && !capped}
+	spent := p.spentAt > 0 && s.t <= p.spentAt && p.spentAt < s.t+p.period
+	o := outcome{allowed: fits && !capped && !spent}
 	if o.allowed || force {
 		s.a += cost
 		estP += cost * period
+	} else if spent {
+		o.retryAfter = int64(left)
 	} else if fits {
 		o.retryAfter = p.capRetry
 	} else {
 		o.retryAfter = windowRetry(s, p, cost, left)
 	}
 	o.remaining = math.Max(0, math.Floor(p.amount-estP/period))
+	if spent {
+		o.remaining = 0
+	}
 	switch {
 	case s.a > 0:
 		o.resetAfter = s.t + 2*p.period - now

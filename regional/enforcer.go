@@ -62,8 +62,15 @@ type EnforcerOptions struct {
 //
 // When the store fails (an error, its deadline, an open breaker), each
 // limit follows its on_failure policy: open admits, closed rejects, local
-// decides in an in-process bucket of share ÷ instances. The fallback is
-// logged when a limit enters and leaves it, and counted in Stats.
+// decides in an in-process bucket of share ÷ instances. A sliding window
+// in local fallback spends only what the store may have left: nothing
+// more in the window the fallback began in (the store's count of it is
+// not known here), and once the fallback admitted in a window, the store
+// is not asked again before the window ends (its count does not hold
+// what the fallback admitted). A token bucket or GCRA key in fallback
+// starts full (open: over an interval that holds the switch, up to the
+// fallback's burst more than B + r·T). The fallback is logged when a
+// limit enters and leaves it, and counted in Stats.
 //
 // The driver calls Tick every few hundred milliseconds (it renews
 // membership and returns expired leases) and Close at shutdown. An
@@ -75,6 +82,7 @@ type Enforcer struct {
 	opts      EnforcerOptions
 	log       *slog.Logger
 	fallback  *table
+	fbUntil   atomic.Int64 // the latest limitStats.fbUntil
 	leases    [numShards]leaseShard
 	limits    sync.Map // *limitShares → *limitStats
 	instances atomic.Int64
@@ -264,11 +272,36 @@ func route(ws []work, steps []step, now int64) []step {
 }
 
 func (d *decision) run() {
+	d.stayInFallback()
 	admit := d.inEngine() && d.fromLeases() && d.inFallback() && d.inStore() && d.inFallback()
 	if !admit {
 		d.undo()
 	}
 	d.count(admit)
+}
+
+// raiseTo raises v to at least x.
+func raiseTo(v *atomic.Int64, x int64) {
+	for old := v.Load(); old < x && !v.CompareAndSwap(old, x); old = v.Load() {
+	}
+}
+
+// stayInFallback decides in the fallback table the works of the store
+// whose limit's fallback admitted in this window of a sliding window:
+// the store's count of the window does not hold what it admitted.
+func (d *decision) stayInFallback() {
+	if d.t >= d.r.f.fbUntil.Load() {
+		return // no limit's fallback admitted in a window still open
+	}
+	for i := range d.ws {
+		s := &d.steps[i]
+		if s.kind != byStore && s.kind != byLease {
+			continue
+		}
+		if ls := d.r.f.stats(d.r.domain, d.ws[i].ls); d.t < ls.fbUntil.Load() && d.ws[i].ls.l.OnFailure == allot.FailLocal {
+			s.kind = byFallback
+		}
+	}
 }
 
 // only leaves in the works of kind k (with charged, only those holding
@@ -286,6 +319,7 @@ func (d *decision) only(k kind, charged bool) int {
 		w.p = s.base
 		if k == byFallback || k == fellBack {
 			w.p = s.base.scaled(1 / float64(d.r.f.Instances()))
+			w.p.spentAt = d.r.f.stats(d.r.domain, w.ls).fbSince.Load()
 		}
 		for w.same >= 0 && d.ws[w.same].skip { // chain only the works of this run
 			w.same = d.ws[w.same].same
@@ -397,7 +431,13 @@ func (d *decision) inFallback() bool {
 		for i := range d.ws {
 			if s := &d.steps[i]; s.kind == byFallback {
 				s.kind, s.charged = fellBack, admit && d.sts[i].Allowed
-				d.r.f.stats(d.r.domain, d.ws[i].ls).decided(d.sts[i].Allowed)
+				ls := d.r.f.stats(d.r.domain, d.ws[i].ls)
+				ls.decided(d.sts[i].Allowed)
+				if p := d.ws[i].p; s.charged && p.alg == allot.SlidingWindow && p.period > 0 {
+					end := d.t - d.t%p.period + p.period
+					raiseTo(&ls.fbUntil, end)
+					raiseTo(&d.r.f.fbUntil, end)
+				}
 			}
 		}
 		if !admit {
@@ -542,8 +582,13 @@ func (f *Enforcer) Stats() EnforcerStats {
 
 // limitStats are LimitStats as they are counted.
 type limitStats struct {
-	domain, limit                     string
-	fallback                          atomic.Bool
+	domain, limit string
+	fallback      atomic.Bool
+	// fbSince is when the latest fallback began (params.spentAt); fbUntil,
+	// the end of the latest window of a sliding window in which the
+	// fallback admitted: the store, which does not know what it admitted,
+	// is not asked again before then.
+	fbSince, fbUntil                  atomic.Int64
 	logged                            atomic.Bool  // a warning was logged, its all-clear not yet
 	loggedAt                          atomic.Int64 // unix ns of the last warning
 	fallbackAllowed, fallbackRejected atomic.Uint64
@@ -565,7 +610,11 @@ const logEvery = 10 * time.Second
 
 // failed marks the limit as falling back, and logs it when it starts.
 func (s *limitStats) failed(log *slog.Logger, l *allot.Limit, err error, now int64) {
-	if s.fallback.Load() || !s.fallback.CompareAndSwap(false, true) {
+	if s.fallback.Load() {
+		return
+	}
+	s.fbSince.Store(now) // before the flag: a fallback decision never takes an earlier start
+	if !s.fallback.CompareAndSwap(false, true) {
 		return
 	}
 	if now-s.loggedAt.Load() >= int64(logEvery) && s.logged.CompareAndSwap(false, true) {
