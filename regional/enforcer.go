@@ -86,6 +86,12 @@ type Enforcer struct {
 	leases    [numShards]leaseShard
 	limits    sync.Map // *limitShares → *limitStats
 	instances atomic.Int64
+	// beatFailed says a heartbeat failed since the last one that reached
+	// the store; countHeld, until when a count lower than the one held is
+	// not taken (the instances that could not renew during an outage
+	// come back within a heartbeat). Guarded by mu.
+	beatFailed bool
+	countHeld  int64
 
 	mu       sync.Mutex // serialises Tick and Close
 	nextBeat time.Time
@@ -533,9 +539,17 @@ func (f *Enforcer) heartbeat(ctx context.Context, now time.Time, ttl time.Durati
 	n, err := f.store.Heartbeat(ctx, now, f.opts.Region, f.opts.Instance, ttl)
 	if err != nil {
 		f.log.Debug("heartbeat failed; keeping the last instance count", "instances", f.Instances(), "err", err)
+		f.beatFailed = true
 		return err
 	}
-	if ttl > 0 && int64(max(n, 1)) != f.instances.Swap(int64(max(n, 1))) {
+	if f.beatFailed { // the store is back: the others renew within a heartbeat
+		f.beatFailed, f.countHeld = false, now.UnixNano()+int64(ttl)
+	}
+	c := int64(max(n, 1))
+	if ttl > 0 && c < f.instances.Load() && now.UnixNano() < f.countHeld {
+		return nil // fewer only because the others could not renew yet: a fallback would count them out
+	}
+	if ttl > 0 && c != f.instances.Swap(c) {
 		f.log.Info("instances of the region changed", "instances", n)
 	}
 	return nil

@@ -3,6 +3,8 @@ package regional
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,6 +30,13 @@ func (s *downStore) Lease(ctx context.Context, now time.Time, ops []LeaseOp, res
 		return errStoreDown
 	}
 	return s.Store.Lease(ctx, now, ops, res)
+}
+
+func (s *downStore) Heartbeat(ctx context.Context, now time.Time, region, instance string, ttl time.Duration) (int, error) {
+	if s.down.Load() {
+		return 0, errStoreDown
+	}
+	return s.Store.Heartbeat(ctx, now, region, instance, ttl)
 }
 
 // outageRun checks user 1 every 20 ms for 8 s from a window's start,
@@ -63,5 +72,131 @@ func TestFallbackSpendsOnlyWhatTheStoreLeft(t *testing.T) {
 		if got := outageRun(t, cfg, 0, 4*time.Second); got > 100 || got < 100 {
 			t.Errorf("%s, the store back in the middle of the window: %d admitted in it, want L = 100", enf, got)
 		}
+	}
+}
+
+// TestFallbackAdmissionsStayWithinTheLimit: one region of one to three
+// instances, each an Enforcer on one MemoryStore, a sliding window with
+// exact or leased enforcement and on_failure: local, random traffic and
+// a store that fails for the whole region and comes back at random
+// instants. The oracle sums what every instance admitted per aligned
+// window: at most L with one instance; with n, at most L + (n − 1) × L
+// ÷ n, since an instance that did not see the outage may use the store
+// in a window in which the others admitted in fallback (open: the
+// instances do not know each other's fallbacks).
+func TestFallbackAdmissionsStayWithinTheLimit(t *testing.T) {
+	runs := 300
+	if raceEnabled {
+		runs = 60
+	}
+	worst := 0.0
+	defer func() { t.Logf("%d runs: the worst window admitted %.2f × L", runs, worst) }()
+	for seed := range uint64(runs) {
+		d := &draw{rand.New(rand.NewPCG(seed, 0x66616c6c))}
+		enf := []string{"exact", "leased"}[d.int(0, 1)]
+		amount := d.int64(5, 300)
+		period := []time.Duration{time.Second, 10 * time.Second}[d.int(0, 1)]
+		cfg := fmt.Sprintf("domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: %d/%dms, algorithm: sliding_window, enforcement: %s, on_failure: local}\n",
+			amount, period.Milliseconds(), enf)
+		mem := &MemoryStore{}
+		s := &downStore{Store: mem}
+		n := d.int(1, 3)
+		fs := make([]*Enforcer, n)
+		for i := range fs {
+			// Heartbeats alive for 30 periods, longer than any outage
+			// here: the instance count holds (an instance counts what
+			// its last heartbeat saw).
+			fs[i] = NewEnforcer(New(mustConfig(t, cfg), Options{}), s, EnforcerOptions{Region: "r", Instance: fmt.Sprint(i), Heartbeat: 10 * period})
+		}
+		now := t0
+		for range 2 { // every instance sees the others
+			for _, f := range fs {
+				if err := f.heartbeat(context.Background(), now, 30*period); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		admitted := map[int64]int64{}
+		outages := 0
+		for range d.int(50, 400) {
+			now = now.Add(time.Duration(d.int64(0, int64(period)/5)))
+			for _, f := range fs { // the driver's tick
+				f.Tick(context.Background(), now)
+			}
+			switch k := d.int(0, 9); {
+			case k == 0:
+				if !s.down.Load() {
+					outages++
+				}
+				s.down.Store(!s.down.Load())
+			default:
+				f := fs[d.int(0, n-1)]
+				cost := d.int64(1, max(1, amount/10))
+				for range d.int(1, 30) {
+					if dec := check(t, f, now, user("1"), cost); dec.Allowed {
+						admitted[now.UnixNano()/int64(period)] += cost
+					}
+				}
+			}
+		}
+		// One instance: at most L. Several: one that did not see the
+		// outage may use the store in a window in which the others
+		// admitted in fallback, each up to L ÷ n (open).
+		bound := float64(amount) + float64(n-1)*float64(amount)/float64(n)
+		for w, got := range admitted {
+			worst = max(worst, float64(got)/float64(amount))
+			if float64(got) > bound {
+				t.Fatalf("seed %d (%s, L = %d per %v, %d instances, %d outages): window %d admitted %d, bound %.1f", seed, enf, amount, period, n, outages, w, got, bound)
+			}
+		}
+	}
+}
+
+// After an outage long enough for the memberships to expire, the first
+// heartbeat that reaches the store sees only the instances that renewed
+// already: the count held stays until the others have had a heartbeat's
+// time to come back (before, it fell to 1, and a fallback right after
+// gave this instance the region's whole share: 2.17 × L in a window in
+// TestFallbackAdmissionsStayWithinTheLimit).
+func TestEnforcerCountHeldAfterAnOutage(t *testing.T) {
+	const cfg = "domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 10/1s, enforcement: exact}\n"
+	s := &downStore{Store: &MemoryStore{}}
+	var fs []*Enforcer
+	for i := range 3 {
+		fs = append(fs, NewEnforcer(New(mustConfig(t, cfg), Options{}), s, EnforcerOptions{Region: "r", Instance: fmt.Sprint(i), Heartbeat: time.Second}))
+	}
+	tick := func(at time.Time, fs ...*Enforcer) {
+		for _, f := range fs {
+			f.Tick(context.Background(), at)
+		}
+	}
+	tick(t0, fs...)
+	tick(t0.Add(time.Second), fs...)
+	if n := fs[0].Instances(); n != 3 {
+		t.Fatalf("%d instances before the outage, want 3", n)
+	}
+	s.down.Store(true)
+	for i := 2; i <= 6; i++ { // five heartbeats fail: every membership expires
+		tick(t0.Add(time.Duration(i)*time.Second), fs...)
+	}
+	s.down.Store(false)
+	tick(t0.Add(7*time.Second), fs[0]) // the first back: it sees itself alone
+	if n := fs[0].Instances(); n != 3 {
+		t.Fatalf("right after the outage: %d instances, want the 3 held until the others renew", n)
+	}
+	tick(t0.Add(7*time.Second+100*time.Millisecond), fs[1:]...)
+	tick(t0.Add(8*time.Second), fs...)
+	if n := fs[0].Instances(); n != 3 {
+		t.Fatalf("once the others renewed: %d instances, want 3", n)
+	}
+	// A real scale-in is followed once the hold (a membership's
+	// lifetime from the first heartbeat back) has passed.
+	if err := fs[2].Close(context.Background(), t0.Add(8*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	tick(t0.Add(9*time.Second), fs[:2]...)
+	tick(t0.Add(10500*time.Millisecond), fs[:2]...)
+	if n := fs[0].Instances(); n != 2 {
+		t.Fatalf("after one left: %d instances, want 2", n)
 	}
 }
