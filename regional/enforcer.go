@@ -123,7 +123,11 @@ func NewEnforcer(engine *Engine, store Store, opts EnforcerOptions) *Enforcer {
 func (f *Enforcer) Engine() *Engine { return f.engine }
 
 // Instances is the number of live instances of the region at the last
-// heartbeat that reached the store (1 before the first).
+// heartbeat that reached the store (1 before the first). After heartbeats
+// failed, a lower count is taken only once the others have had a
+// membership's lifetime to renew: right after an outage the store holds
+// only the instances that renewed first, and a fallback dividing the
+// share by that count would give each of them too much.
 func (f *Enforcer) Instances() int { return int(f.instances.Load()) }
 
 // CheckItems decides a request as Engine.CheckItems does, with leased and
