@@ -103,15 +103,16 @@ func TestFallbackAdmissionsStayWithinTheLimit(t *testing.T) {
 		n := d.int(1, 3)
 		fs := make([]*Enforcer, n)
 		for i := range fs {
-			// Heartbeats alive for 30 periods, longer than any outage
-			// here: the instance count holds (an instance counts what
-			// its last heartbeat saw).
-			fs[i] = NewEnforcer(New(mustConfig(t, cfg), Options{}), s, EnforcerOptions{Region: "r", Instance: fmt.Sprint(i), Heartbeat: 10 * period})
+			// A heartbeat at most every step, alive for three: an outage
+			// longer than that lets memberships expire (the count is
+			// held after it), and every instance sees an outage longer
+			// than a heartbeat.
+			fs[i] = NewEnforcer(New(mustConfig(t, cfg), Options{}), s, EnforcerOptions{Region: "r", Instance: fmt.Sprint(i), Heartbeat: period / 5})
 		}
 		now := t0
 		for range 2 { // every instance sees the others
 			for _, f := range fs {
-				if err := f.heartbeat(context.Background(), now, 30*period); err != nil {
+				if err := f.heartbeat(context.Background(), now, 3*period/5); err != nil {
 					t.Fatal(err)
 				}
 			}
