@@ -670,9 +670,10 @@ func (f *Fleet) goneHold(now time.Time, d *allot.Domain) time.Duration {
 		}
 		for _, in := range fr.insts {
 			switch {
-			case in.legacy && f.holds(now, in):
+			case !f.holds(now, in):
+			case in.legacy:
 				return f.cfg.GrantTTL + f.cfg.MaxSkew
-			case f.holds(now, in):
+			default:
 				hold = max(hold, in.expires.Add(f.cfg.MaxSkew).Sub(now))
 			}
 		}

@@ -673,10 +673,6 @@ func TestFleetPersistsTheInitialVectorBeforeGranting(t *testing.T) {
 // change) holds nothing, so the region that stays is raised into its
 // share at once; one that did not keeps it until its grant expires.
 func TestRemovedRegionHoldsWhatItsInstancesHold(t *testing.T) {
-	one, err := allot.ParseConfig("fleet.yaml", []byte("domain: api\nregions: [us-east]\nlimits:\n  - {name: loc, match: {}, rate: 1000/1s}\n  - {name: ex, match: {}, rate: 1000/1s, enforcement: exact}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, left := range []bool{true, false} {
 		w := newFleetWorld(t, nil)
 		a, b := w.start("us-east", "a"), w.start("eu-west", "b")
@@ -691,22 +687,11 @@ func TestRemovedRegionHoldsWhatItsInstancesHold(t *testing.T) {
 			w.out(w.leave(b))
 			delete(w.insts, b.id)
 		}
-		cfg := w.f.cfg
-		cfg.Coordinator.Term++
-		cfg.Coordinator.Domain, cfg.Coordinator.GoneHold = one.Domain("api"), 0
 		var expires time.Time // of b's latest grant
 		if in := w.f.regions[w.f.regionOf["eu-west"]].byID[b.id]; in != nil {
 			expires = in.expires
 		}
-		f, err := NewFleet(w.now, cfg, w.snap, w.f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.f = f
-		a.up, a.inbox = false, nil
-		if !left {
-			b.up, b.inbox = false, nil // eu-west's b can no longer reach the coordinator
-		}
+		w.dropRegion("eu-west", true) // the same process: eu-west's b can no longer reach the coordinator
 		w.connect(a)
 		start := w.now
 		for w.now.Before(start.Add(10 * time.Second)) {

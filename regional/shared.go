@@ -289,8 +289,8 @@ func (sk *sharedKey) capUnseen(s *slot, w *work, own float64, win uint64, now in
 // first decision in this fallback: a later fallback in the same window
 // starts again from what is left then (before, it took up the first
 // one's allowance, which the regions had since spent in shared mode:
-// 2,154 in a window of L = 1,837, bound 184). The caller holds the
-// shard's lock.
+// 2,154 in a window of L = 1,837, above L + the partition bound = 2,021).
+// The caller holds the shard's lock.
 func (sk *sharedKey) fallbackCap(w *work, win uint64, region float64) {
 	ss := sk.ss
 	heardAll := ss.heardAll.Load()
