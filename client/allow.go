@@ -68,8 +68,19 @@ func validate(domain string, descriptors []allot.Descriptor, hits int64) error {
 // yet, an exhausted lease, a key whose limits must be checked each time,
 // or a key the enforcer recently said has nothing left.
 func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
-	now := time.Now()
 	b.mu.Lock()
+	if round := b.round; round != nil && hits > 0 && b.tokens() < hits {
+		// Tokens are on their way between this gateway and the enforcer:
+		// wait for them rather than ask a Check that may not find them.
+		b.mu.Unlock()
+		select {
+		case <-round:
+		case <-ctx.Done():
+		case <-time.After(c.cfg.Timeout):
+		}
+		b.mu.Lock()
+	}
+	now := time.Now()
 	switch v, wait := b.gw.Decide(now, hits); v {
 	case regional.GatewaySpent: // a grant arrived meanwhile
 		d := b.allowed()
@@ -91,6 +102,7 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		c.stats.local.Add(1)
 		return d
 	}
+	seq := b.seq
 	b.mu.Unlock()
 
 	ans, err := c.checks.do(ctx, &allotv1.CheckItem{Domain: b.domain, Descriptors: b.wire, Hits: &hits})
@@ -122,7 +134,7 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	if b.gw.Mode() == regional.GatewayLeased {
 		// What the enforcer has left is now this answer's; what this
 		// gateway may count on adds what its grants hold.
-		b.left = max(d.Remaining, 0)
+		b.answered(d.Remaining, seq)
 		d.Remaining = b.promise()
 	}
 	b.mu.Unlock()

@@ -24,10 +24,19 @@ type bucket struct {
 	hash   uint64
 	next   *bucket
 
-	mu       sync.Mutex
-	gw       regional.GatewayKey // the lease loop (regional/gatewaylease.go)
-	left     int64               // what the enforcer had left after the last grant
-	info     Decision            // the most restrictive limit, as of the last grant
+	mu   sync.Mutex
+	gw   regional.GatewayKey // the lease loop (regional/gatewaylease.go)
+	left int64               // what the enforcer had left, as of its latest answer
+	info Decision            // the most restrictive limit, as of the last grant
+	// seq counts the answers taken into left: an answer to a call sent
+	// before another answer arrived may have been counted before or after
+	// that one at the enforcer, so left takes the lower of the two.
+	seq uint64
+	// round is closed when the Lease round that moves tokens between
+	// this gateway and the enforcer (a return, a grant asked) is answered;
+	// nil when none is out. Until then the enforcer's Check could refuse
+	// what an answer promised: the tokens are in neither place.
+	round    chan struct{}
 	fallback []fallbackLimit
 }
 
@@ -70,14 +79,28 @@ func (b *bucket) allowed() Decision {
 }
 
 // promise is what the next requests of this shape may count on here:
-// what the grants hold and what the enforcer had left, at most the
-// quota; the caller holds b.mu.
+// what the grants hold and what the enforcer has left, at most the
+// quota; the caller holds b.mu. With no other traffic on the key, the
+// next promise() requests pass, from the grants or from the enforcer's
+// Check: a grant moves tokens from what the enforcer has left to the
+// grants, a return moves them back, and a request the grants do not
+// cover waits for a round that is moving tokens (Client.slow).
 func (b *bucket) promise() int64 {
 	r := b.tokens() + b.left
 	if q := b.info.Quota; q > 0 {
 		r = min(r, q)
 	}
 	return r
+}
+
+// answered takes what the enforcer had left by an answer to a call sent
+// when b.seq was seq; the caller holds b.mu.
+func (b *bucket) answered(left int64, seq uint64) {
+	if b.seq != seq { // another answer came while this one's call was out
+		left = min(left, b.left)
+	}
+	b.left = max(left, 0)
+	b.seq++
 }
 
 // tokens is what the grants hold; the caller holds b.mu.

@@ -24,8 +24,12 @@
 // the region's quota, not the limit over all regions, and Remaining is at
 // most the quota. A Remaining the enforcer answered promises the next
 // requests to it; one from a lease adds what this gateway holds to what
-// the enforcer had left at its last answer, which other gateways may
-// spend meanwhile. client/example/gateway is a runnable gateway.
+// the enforcer had left at its last answer, and promises as much: with
+// no other traffic on the key, the next Remaining requests of this
+// gateway pass (a request its grants do not cover while a round moves
+// tokens to or from the enforcer waits for that round, at most Timeout).
+// Other gateways may spend what the enforcer had left meanwhile.
+// client/example/gateway is a runnable gateway.
 //
 // A Client is safe for concurrent use.
 package client

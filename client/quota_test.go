@@ -66,12 +66,11 @@ func keyDescriptors(r *http.Request) ([]allot.Descriptor, int64, error) {
 // the headers say what us-east admits of the key (its quota of 6), not
 // the global limit (60 a minute), for a key the enforcer decides each
 // time (exact) and for one the gateway decides from its lease; remaining
-// is never above the quota. For the exact key, whose remaining is the
-// enforcer's, a remaining above 0 promises the next request and the
-// request after a remaining of 0 is rejected. A leased key's remaining
+// is never above the quota, and a remaining above 0 promises the next
+// request. For the exact key, whose remaining is the enforcer's, the
+// request after a remaining of 0 is rejected; a leased key's remaining
 // adds what the gateway holds to what the enforcer had left at its last
-// answer, which a Check answer or a grant in flight leaves stale: it is
-// only held to the quota here.
+// answer (TestLeasedRemainingIsAdmitted crosses them with grants).
 func TestMiddlewareHeadersTellTheRegionsQuota(t *testing.T) {
 	c := newClient(t, startSixth(t))
 	srv := httptest.NewServer(client.Middleware(c, client.MiddlewareOptions{Domain: "api", Descriptors: keyDescriptors})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
@@ -80,7 +79,7 @@ func TestMiddlewareHeadersTellTheRegionsQuota(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, limit, key, value string
-		sequential              bool // remaining promises exactly the next requests
+		sequential              bool // a remaining of 0 is a rejection next
 	}{
 		{"exact", "login", "login", "alice", true},
 		{"leased", "per-user", "user", "42", false},
@@ -118,9 +117,9 @@ func TestMiddlewareHeadersTellTheRegionsQuota(t *testing.T) {
 				}
 				allowed := resp.StatusCode == http.StatusOK
 				switch {
-				case !tc.sequential:
 				case prev > 0 && !allowed:
 					t.Fatalf("request %d: %d, but the previous answer's remaining was %d", i, resp.StatusCode, prev)
+				case !tc.sequential:
 				case prev == 0 && allowed:
 					t.Fatalf("request %d admitted after a remaining of 0", i)
 				}

@@ -50,7 +50,29 @@ func (c *Client) wake() {
 // leaseSlot says which bucket and grant a Lease item was made for.
 type leaseSlot struct {
 	b      *bucket
-	asking bool // the item asks for a new grant
+	asking bool          // the item asks for a new grant
+	seq    uint64        // b.seq when the round was planned
+	round  chan struct{} // b.round, to close once answered (on b's first item)
+}
+
+// answered ends the rounds of slots' buckets, their grants applied or
+// not.
+func answered(slots []leaseSlot, applied bool) {
+	for _, s := range slots {
+		if !applied && s.asking || s.round != nil {
+			s.b.mu.Lock()
+			if !applied && s.asking {
+				s.b.gw.Unanswered()
+			}
+			if s.round != nil && s.b.round == s.round {
+				s.b.round = nil
+			}
+			s.b.mu.Unlock()
+		}
+		if s.round != nil {
+			close(s.round)
+		}
+	}
 }
 
 // syncOnce sends one round: reports, returns and new grants for every
@@ -67,10 +89,20 @@ func (c *Client) syncOnce(leaving bool) error {
 	for _, b := range c.keys.all() {
 		b.mu.Lock()
 		its, asking, forget := b.plan(now, interval, leaving)
+		seq := b.seq
+		var round chan struct{}
+		if asking || len(its) > 0 && its[0].GetReturned() > 0 {
+			round = make(chan struct{})
+			b.round = round
+		}
 		b.mu.Unlock()
 		for i, it := range its {
 			items = append(items, it)
-			slots = append(slots, leaseSlot{b: b, asking: asking && i == len(its)-1})
+			s := leaseSlot{b: b, asking: asking && i == len(its)-1, seq: seq}
+			if i == 0 {
+				s.round = round
+			}
+			slots = append(slots, s)
 		}
 		if forget {
 			c.keys.remove(b)
@@ -147,12 +179,8 @@ func (c *Client) lease(sent time.Time, items []*allotv1.LeaseItem, slots []lease
 		return errors.Join(errs...)
 	}
 	if err != nil {
+		answered(slots, false)
 		for _, s := range slots {
-			if s.asking {
-				s.b.mu.Lock()
-				s.b.gw.Unanswered()
-				s.b.mu.Unlock()
-			}
 			if !isUnavailable(err) {
 				c.keys.remove(s.b)
 			}
@@ -160,6 +188,7 @@ func (c *Client) lease(sent time.Time, items []*allotv1.LeaseItem, slots []lease
 		return err
 	}
 	if len(resp.GetGrants()) != len(items) {
+		answered(slots, false)
 		return errors.New("client: enforcer answered a Lease call with the wrong number of grants")
 	}
 	if n := resp.GetGateways(); n > 0 {
@@ -176,15 +205,16 @@ func (c *Client) lease(sent time.Time, items []*allotv1.LeaseItem, slots []lease
 			continue
 		}
 		s.b.mu.Lock()
-		s.b.apply(g, sent, ttl, now, c.cfg.SyncInterval)
+		s.b.apply(g, sent, ttl, now, c.cfg.SyncInterval, s.seq)
 		s.b.mu.Unlock()
 	}
+	answered(slots, true)
 	return nil
 }
 
 // apply takes one grant into b (regional.GatewayKey.Answer); the caller
 // holds b.mu.
-func (b *bucket) apply(g *allotv1.LeaseGrant, sent time.Time, ttl time.Duration, now time.Time, interval time.Duration) {
+func (b *bucket) apply(g *allotv1.LeaseGrant, sent time.Time, ttl time.Duration, now time.Time, interval time.Duration, seq uint64) {
 	b.fallback = fallbacks(g.GetFallback(), b.fallback)
 	d := fromResult(&allotv1.CheckResult{Allowed: true, Limits: g.GetLimits()})
 	d.Source = SourceLease
@@ -197,7 +227,7 @@ func (b *bucket) apply(g *allotv1.LeaseGrant, sent time.Time, ttl time.Duration,
 	case d.Limit == "":
 		a.Mode = regional.GatewayUnlimited
 	default:
-		b.left = d.Remaining
+		b.answered(d.Remaining, seq)
 	}
 	b.gw.Answer(now, sent, a, interval)
 }
