@@ -32,11 +32,14 @@ type params struct {
 	cap      float64
 	capRetry int64
 	// spentAt, when above 0, is when a fallback began (Enforcer, on_failure
-	// local): the store may have spent the region's allowance of the
-	// window up to then, which the fallback table does not know, so a
-	// sliding window admits nothing in the window that holds it. (A token
-	// bucket or GCRA key is not held to it: see Enforcer.)
-	spentAt int64
+	// local): the store may have spent the region's allowance up to then,
+	// which the fallback table does not know, so a sliding window admits
+	// nothing in the window that holds it, and a token bucket or GCRA key
+	// is empty at that instant (a key new to the table, or one last
+	// charged in an earlier fallback, less what it still owes the store:
+	// what it lacked of full at backAt, when the store was back after
+	// that fallback), refilling from there.
+	spentAt, backAt int64
 }
 
 // maxWait caps reported durations: a key whose rate is 0 (share 0) never
@@ -158,6 +161,13 @@ func take(s *slot, now int64, p params, cost float64, force bool) outcome {
 }
 
 func takeTokens(s *slot, now int64, p params, cost float64, force bool) outcome {
+	if last := lastUpdate(s, p.alg); p.spentAt > 0 && last < p.spentAt { // a fallback's key from before it began
+		owed := 0.0
+		if last <= p.backAt && p.backAt < p.spentAt { // never repaid (Enforcer's repay)
+			owed = math.Max(0, p.burst-tokensAt(s, p.backAt, p))
+		}
+		setTokens(s, p.spentAt, -owed, p)
+	}
 	if last := lastUpdate(s, p.alg); now < last {
 		now = last // time never runs backwards for one key
 	}

@@ -463,6 +463,35 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 	}
 	t.shards[shardOf(w.key)].remake(s, now, w.ls.shares.hist(w.key), w.base, w.p, w.ls.changeFor(w.base))
 	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
+	if p := w.p; p.spentAt > 0 && p.alg != allot.SlidingWindow {
+		setTokens(s, min(p.spentAt, now), 0, p) // a fallback's new key: empty when it began
+	}
+}
+
+// lacks is what key's token bucket or GCRA state in the table lacked,
+// under p, of a full bucket when the store was back (at back, when its
+// last change came before; else at now), 0 when the table does not
+// hold the key; with out, the state is removed as well.
+func (t *table) lacks(key uint64, now, back int64, p params, out bool) float64 {
+	sh := &t.shards[shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i := sh.find(key)
+	if i < 0 {
+		return 0
+	}
+	s := &sh.slots[i]
+	at := now
+	if last := lastUpdate(s, p.alg); last <= back && back < now {
+		at = back
+	} else if at < last {
+		at = last
+	}
+	lack := p.burst - tokensAt(s, at, p)
+	if out {
+		sh.remove(i)
+	}
+	return max(lack, 0)
 }
 
 // sharedOf returns w's link to other regions when w is a shared-mode

@@ -68,8 +68,12 @@ type EnforcerOptions struct {
 // not known here), and once the fallback admitted in a window, the store
 // is not asked again before the window ends (its count does not hold
 // what the fallback admitted). A token bucket or GCRA key in fallback
-// starts full (open: over an interval that holds the switch, up to the
-// fallback's burst more than B + r·T). The fallback is logged when a
+// is empty when the fallback began and refills from there (the store's
+// bucket may have been empty), and when the store decides the key again,
+// it is first charged what the fallback bucket lacks of full (the
+// store's bucket refilled meanwhile without knowing what the fallback
+// admitted): over any interval T, an instance alone in its region admits
+// at most B + r·T of its region's share. The fallback is logged when a
 // limit enters and leaves it, and counted in Stats.
 //
 // The driver calls Tick every few hundred milliseconds (it renews
@@ -92,6 +96,11 @@ type Enforcer struct {
 	// come back within a heartbeat). Guarded by mu.
 	beatFailed bool
 	countHeld  int64
+	// down says a store call failed since the last one that reached it:
+	// since downAt; back is when one reached it after a failure (unix ns;
+	// a fallback begins at the later of its limit's and downAt; repay).
+	down         atomic.Bool
+	downAt, back atomic.Int64
 
 	mu       sync.Mutex // serialises Tick and Close
 	nextBeat time.Time
@@ -129,6 +138,20 @@ func (f *Enforcer) Engine() *Engine { return f.engine }
 // only the instances that renewed first, and a fallback dividing the
 // share by that count would give each of them too much.
 func (f *Enforcer) Instances() int { return int(f.instances.Load()) }
+
+// lost records that a store call failed at now (unix ns).
+func (f *Enforcer) lost(now int64) {
+	if !f.down.Load() && f.down.CompareAndSwap(false, true) {
+		f.downAt.Store(now)
+	}
+}
+
+// found records that a store call reached the store at now (unix ns).
+func (f *Enforcer) found(now int64) {
+	if f.down.Load() && f.down.CompareAndSwap(true, false) {
+		f.back.Store(now)
+	}
+}
 
 // CheckItems decides a request as Engine.CheckItems does, with leased and
 // exact limits kept in the store. Store calls are bounded by
@@ -189,8 +212,10 @@ func (f *Enforcer) RefundItems(ctx context.Context, now time.Time, domain string
 			}
 			if st := f.stats(domain, ws[i].ls); err != nil {
 				st.failed(f.log, ws[i].ls.l, err, d.t)
+				f.lost(d.t)
 			} else {
 				st.reached(f.log)
+				f.found(d.t)
 				dec.Statuses[i].Remaining = int64(res[j].Available)
 			}
 			j++
@@ -283,7 +308,7 @@ func route(ws []work, steps []step, now int64) []step {
 
 func (d *decision) run() {
 	d.stayInFallback()
-	admit := d.inEngine() && d.fromLeases() && d.inFallback() && d.inStore() && d.inFallback()
+	admit := d.inEngine() && d.repay() && d.fromLeases() && d.inFallback() && d.inStore() && d.inFallback()
 	if !admit {
 		d.undo()
 	}
@@ -308,10 +333,69 @@ func (d *decision) stayInFallback() {
 		if s.kind != byStore && s.kind != byLease {
 			continue
 		}
-		if ls := d.r.f.stats(d.r.domain, d.ws[i].ls); d.t < ls.fbUntil.Load() && d.ws[i].ls.l.OnFailure == allot.FailLocal {
+		w := &d.ws[i]
+		if ls := d.r.f.stats(d.r.domain, w.ls); d.t < ls.fbUntil.Load() && w.ls.l.OnFailure == allot.FailLocal && w.p.alg == allot.SlidingWindow {
 			s.kind = byFallback
 		}
 	}
+}
+
+// repay charges the store, for each token bucket or GCRA key about to be
+// decided there again, what its fallback bucket admitted and has not
+// refilled since (its lack of a full bucket): the store's bucket refilled
+// during the fallback without knowing what the fallback admitted. A
+// ReservationStore is charged even below empty (what the others spent
+// meanwhile is then waited for); another Store gives what it holds, as a
+// lease that is not spent. The key's fallback state goes once the charge is made
+// (what a concurrent fallback decision of the key charged meanwhile goes
+// with it); when the call fails, the works fall back again.
+func (d *decision) repay() bool {
+	if d.t >= d.r.f.fbUntil.Load() {
+		return true
+	}
+	var ops []LeaseOp
+	var at []int
+	var ps []params
+	for i := range d.ws {
+		w, s := &d.ws[i], &d.steps[i]
+		if s.kind != byStore && s.kind != byLease || w.p.alg == allot.SlidingWindow || w.ls.l.OnFailure != allot.FailLocal {
+			continue
+		}
+		if ls := d.r.f.stats(d.r.domain, w.ls); d.t >= ls.fbUntil.Load() {
+			continue // its fallback buckets are full again
+		}
+		p := s.base.scaled(1 / float64(d.r.f.Instances()))
+		p = p.scaled(w.ls.shares.hist(w.key).forCheck(p, d.t))
+		if lack := d.r.f.fallback.lacks(w.key, d.t, d.r.f.back.Load(), p, false); lack > 0 {
+			ops, at, ps = append(ops, LeaseOp{Bucket: d.bucket(i), Want: lack}), append(at, i), append(ps, p)
+		}
+	}
+	if len(ops) == 0 {
+		return true
+	}
+	var err error
+	if cs, ok := d.r.f.store.(interface {
+		Charge(context.Context, time.Time, []TakeOp, []TakeResult) error
+	}); ok { // ReservationStore's Charge
+		charges := make([]TakeOp, len(ops))
+		for j, op := range ops {
+			charges[j] = TakeOp{Bucket: op.Bucket, Cost: op.Want}
+		}
+		err = cs.Charge(d.deadline(), d.r.now, charges, make([]TakeResult, len(ops)))
+	} else {
+		err = d.r.f.store.Lease(d.deadline(), d.r.now, ops, make([]LeaseResult, len(ops)))
+	}
+	if err == nil {
+		d.r.f.found(d.t)
+	}
+	for j, i := range at {
+		if err != nil {
+			d.failed(i, err)
+		} else {
+			d.r.f.fallback.lacks(d.ws[i].key, d.t, d.r.f.back.Load(), ps[j], true)
+		}
+	}
+	return true
 }
 
 // only leaves in the works of kind k (with charged, only those holding
@@ -329,7 +413,8 @@ func (d *decision) only(k kind, charged bool) int {
 		w.p = s.base
 		if k == byFallback || k == fellBack {
 			w.p = s.base.scaled(1 / float64(d.r.f.Instances()))
-			w.p.spentAt = d.r.f.stats(d.r.domain, w.ls).fbSince.Load()
+			w.p.spentAt = max(d.r.f.stats(d.r.domain, w.ls).fbSince.Load(), d.r.f.downAt.Load())
+			w.p.backAt = d.r.f.back.Load()
 		}
 		for w.same >= 0 && d.ws[w.same].skip { // chain only the works of this run
 			w.same = d.ws[w.same].same
@@ -373,6 +458,7 @@ func (d *decision) fromLeases() bool {
 			continue
 		}
 		d.r.f.stats(d.r.domain, d.ws[i].ls).reached(d.r.f.log)
+		d.r.f.found(d.t)
 		report(&d.sts[i], o)
 		d.steps[i].charged = o.allowed
 		if !o.allowed && !d.ws[i].ls.l.Shadow {
@@ -406,6 +492,7 @@ func (d *decision) inStore() bool {
 			continue
 		}
 		d.r.f.stats(d.r.domain, d.ws[i].ls).reached(d.r.f.log)
+		d.r.f.found(d.t)
 		r, st := &res[j], &d.sts[i]
 		j++
 		st.Allowed, st.Remaining = r.Allowed, int64(math.Floor(r.Remaining))
@@ -419,6 +506,7 @@ func (d *decision) failed(i int, err error) {
 	w, s, st := &d.ws[i], &d.steps[i], &d.sts[i]
 	ls := d.r.f.stats(d.r.domain, w.ls)
 	ls.failed(d.r.f.log, w.ls.l, err, d.t)
+	d.r.f.lost(d.t)
 	switch w.ls.l.OnFailure {
 	case allot.FailOpen:
 		s.kind, st.Allowed = byPolicy, true
@@ -443,11 +531,18 @@ func (d *decision) inFallback() bool {
 				s.kind, s.charged = fellBack, admit && d.sts[i].Allowed
 				ls := d.r.f.stats(d.r.domain, d.ws[i].ls)
 				ls.decided(d.sts[i].Allowed)
-				if p := d.ws[i].p; s.charged && p.alg == allot.SlidingWindow && p.period > 0 {
-					end := d.t - d.t%p.period + p.period
-					raiseTo(&ls.fbUntil, end)
-					raiseTo(&d.r.f.fbUntil, end)
+				if !s.charged {
+					continue
 				}
+				// A sliding window: the store may not be asked before the
+				// window ends (stayInFallback). A bucket: until it is full
+				// again, the store is charged what it lacks (repay).
+				end := d.t + int64(d.sts[i].ResetAfter)
+				if p := d.ws[i].p; p.alg == allot.SlidingWindow {
+					end = d.t - d.t%p.period + p.period
+				}
+				raiseTo(&ls.fbUntil, end)
+				raiseTo(&d.r.f.fbUntil, end)
 			}
 		}
 		if !admit {
@@ -517,10 +612,17 @@ func (f *Enforcer) Tick(ctx context.Context, now time.Time) {
 		f.heartbeat(ctx, now, 3*f.opts.Heartbeat)
 	}
 	f.returnLeases(ctx, now, false)
+	// A bucket that was not full when the store was back is kept until
+	// its key repays (repay), even once full again: what it lacked then
+	// is owed. While the store is down, a full one owes nothing.
+	owedFrom := f.back.Load()
+	if f.down.Load() {
+		owedFrom = math.MaxInt64
+	}
 	for i := range f.fallback.shards {
 		sh := &f.fallback.shards[i]
 		sh.mu.Lock()
-		sh.sweep(now.UnixNano())
+		sh.sweepOwed(now.UnixNano(), owedFrom)
 		sh.mu.Unlock()
 	}
 }
@@ -544,8 +646,10 @@ func (f *Enforcer) heartbeat(ctx context.Context, now time.Time, ttl time.Durati
 	if err != nil {
 		f.log.Debug("heartbeat failed; keeping the last instance count", "instances", f.Instances(), "err", err)
 		f.beatFailed = true
+		f.lost(now.UnixNano())
 		return err
 	}
+	f.found(now.UnixNano())
 	if f.beatFailed { // the store is back: the others renew within a heartbeat
 		f.beatFailed, f.countHeld = false, now.UnixNano()+int64(ttl)
 	}

@@ -232,22 +232,30 @@ limits:
 			t.Fatalf("closed, request %d: %+v", i, dec)
 		}
 	}
+	// A token bucket in fallback is empty when the fallback begins (the
+	// store may have spent it) and fills at the instance's part of the
+	// rate: nothing at once, 100 ÷ 4 = 25 an hour later.
 	for _, key := range []string{"c", "d"} {
-		admitted := 0
-		for range 100 {
-			if check(t, f, t0, entry(key, "1"), 1).Allowed {
-				admitted++
+		for _, c := range []struct {
+			at   time.Time
+			want int
+		}{{t0, 0}, {t0.Add(time.Hour), 25}} {
+			admitted := 0
+			for range 100 {
+				if check(t, f, c.at, entry(key, "1"), 1).Allowed {
+					admitted++
+				}
 			}
-		}
-		if admitted != 25 {
-			t.Fatalf("on_failure local (%s): admitted %d, want 100 ÷ 4 instances = 25", key, admitted)
+			if admitted != c.want {
+				t.Fatalf("on_failure local (%s) at %v: admitted %d, want %d", key, c.at.Sub(t0), admitted, c.want)
+			}
 		}
 	}
 	want := map[string]LimitStats{
 		"open":   {FallbackAllowed: 3},
 		"closed": {FallbackRejected: 3},
-		"local":  {FallbackAllowed: 25, FallbackRejected: 75},
-		"leased": {FallbackAllowed: 25, FallbackRejected: 75},
+		"local":  {FallbackAllowed: 25, FallbackRejected: 175},
+		"leased": {FallbackAllowed: 25, FallbackRejected: 175},
 	}
 	for _, st := range f.Stats().Limits {
 		w := want[st.Limit]
@@ -256,10 +264,10 @@ limits:
 		}
 	}
 	s.SetErr(nil) // the store is back: the next call leaves the fallback
-	if dec := check(t, f, t0, entry("a", "1"), 1); !dec.Allowed {
+	if dec := check(t, f, t0.Add(time.Hour), entry("a", "1"), 1); !dec.Allowed {
 		t.Fatalf("after recovery: %+v", dec)
 	}
-	if dec := check(t, f, t0, entry("a", "1"), 1); dec.Allowed {
+	if dec := check(t, f, t0.Add(time.Hour), entry("a", "1"), 1); dec.Allowed {
 		t.Fatal("after recovery the store's bucket (1/1h) is not enforced")
 	}
 	if st := f.Stats().Limits; st[3].Limit != "open" || st[3].Fallback || !st[0].Fallback {

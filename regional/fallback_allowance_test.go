@@ -3,12 +3,16 @@ package regional
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
 )
+
+var fallbackRuns = flag.Int("fallback.runs", 0, "runs of TestFallbackAdmissionsStayWithinTheLimit (0: 900, 180 under the race detector)")
 
 // downStore is a Store that fails every call while down.
 type downStore struct {
@@ -30,6 +34,14 @@ func (s *downStore) Lease(ctx context.Context, now time.Time, ops []LeaseOp, res
 		return errStoreDown
 	}
 	return s.Store.Lease(ctx, now, ops, res)
+}
+
+// Charge implements ReservationStore when the store under it does.
+func (s *downStore) Charge(ctx context.Context, now time.Time, ops []TakeOp, res []TakeResult) error {
+	if s.down.Load() {
+		return errStoreDown
+	}
+	return s.Store.(ReservationStore).Charge(ctx, now, ops, res)
 }
 
 func (s *downStore) Heartbeat(ctx context.Context, now time.Time, region, instance string, ttl time.Duration) (int, error) {
@@ -76,28 +88,50 @@ func TestFallbackSpendsOnlyWhatTheStoreLeft(t *testing.T) {
 }
 
 // TestFallbackAdmissionsStayWithinTheLimit: one region of one to three
-// instances, each an Enforcer on one MemoryStore, a sliding window with
-// exact or leased enforcement and on_failure: local, random traffic and
-// a store that fails for the whole region and comes back at random
-// instants. The oracle sums what every instance admitted per aligned
-// window: at most L with one instance; with n, at most L + (n − 1) × L
-// ÷ n, since an instance that did not see the outage may use the store
-// in a window in which the others admitted in fallback (open: the
-// instances do not know each other's fallbacks).
+// instances, each an Enforcer on one MemoryStore, a sliding window, a
+// token bucket or GCRA with exact or leased enforcement and on_failure:
+// local, random traffic and a store that fails for the whole region and
+// comes back at random instants. The oracle sums what every instance
+// admitted per aligned window of a sliding window, and over every
+// interval T of a bucket: with one instance at most L, and B + r·T (a
+// leased one: + B ÷ 2, as without fallback). With n, a window at most
+// L + (n − 1) × L ÷ n and a bucket B + r·T + (n − 1) × (B + r × one
+// heartbeat) ÷ n: an instance that did not see the outage may use the
+// store while the others admitted in fallback, and one that has not yet
+// seen the store back keeps its fallback for up to a heartbeat while the
+// others use the store (open: the instances do not know each other's
+// fallbacks). Before the fallback's buckets began empty and repaid the
+// store, one instance admitted up to 2 × B + r·T (66 of 600 bucket runs
+// failed). -fallback.runs=20000 passes.
 func TestFallbackAdmissionsStayWithinTheLimit(t *testing.T) {
-	runs := 300
-	if raceEnabled {
-		runs = 60
+	runs := *fallbackRuns
+	switch {
+	case runs > 0:
+	case raceEnabled:
+		runs = 180
+	default:
+		runs = 900
 	}
-	worst := 0.0
-	defer func() { t.Logf("%d runs: the worst window admitted %.2f × L", runs, worst) }()
+	worst, worstB := 0.0, 0.0
+	defer func() {
+		t.Logf("%d runs: the worst window admitted %.2f × L; a bucket, at most %.2f × B above r·T", runs, worst, worstB)
+	}()
 	for seed := range uint64(runs) {
 		d := &draw{rand.New(rand.NewPCG(seed, 0x66616c6c))}
 		enf := []string{"exact", "leased"}[d.int(0, 1)]
 		amount := d.int64(5, 300)
 		period := []time.Duration{time.Second, 10 * time.Second}[d.int(0, 1)]
-		cfg := fmt.Sprintf("domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: %d/%dms, algorithm: sliding_window, enforcement: %s, on_failure: local}\n",
-			amount, period.Milliseconds(), enf)
+		alg := []string{"sliding_window", "token_bucket", "gcra"}[seed%3]
+		burst := amount
+		if alg != "sliding_window" {
+			burst = d.int64(1, 3*amount)
+		}
+		burstField := ""
+		if alg != "sliding_window" {
+			burstField = fmt.Sprintf(", burst: %d", burst)
+		}
+		cfg := fmt.Sprintf("domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: %d/%dms%s, algorithm: %s, enforcement: %s, on_failure: local}\n",
+			amount, period.Milliseconds(), burstField, alg, enf)
 		mem := &MemoryStore{}
 		s := &downStore{Store: mem}
 		n := d.int(1, 3)
@@ -118,6 +152,7 @@ func TestFallbackAdmissionsStayWithinTheLimit(t *testing.T) {
 			}
 		}
 		admitted := map[int64]int64{}
+		var times, costs []int64 // every admission, in order (buckets)
 		outages := 0
 		for range d.int(50, 400) {
 			now = now.Add(time.Duration(d.int64(0, int64(period)/5)))
@@ -132,13 +167,38 @@ func TestFallbackAdmissionsStayWithinTheLimit(t *testing.T) {
 				s.down.Store(!s.down.Load())
 			default:
 				f := fs[d.int(0, n-1)]
-				cost := d.int64(1, max(1, amount/10))
+				cost := min(d.int64(1, max(1, amount/10)), burst)
 				for range d.int(1, 30) {
-					if dec := check(t, f, now, user("1"), cost); dec.Allowed {
+					if check(t, f, now, user("1"), cost).Allowed {
 						admitted[now.UnixNano()/int64(period)] += cost
+						times, costs = append(times, now.UnixNano()), append(costs, cost)
 					}
 				}
 			}
+		}
+		if alg != "sliding_window" {
+			// B + r·T over every interval [t_i, t_j]: the most admitted
+			// above r·T is max_j (S_j − r·t_j) − min_{i ≤ j} (S_{i−1} − r·t_i).
+			rate := float64(amount) / float64(period)
+			heartbeat := period / 5
+			bound := float64(burst) + float64(n-1)*(float64(burst)+rate*float64(heartbeat))/float64(n)
+			if enf == "leased" { // leases are spent after they were taken
+				bound += float64(burst) / 2
+			}
+			sum, least, from := 0.0, math.Inf(1), int64(0)
+			for j, at := range times {
+				if v := sum - rate*float64(at); v < least {
+					least, from = v, at
+				}
+				sum += float64(costs[j])
+				over := sum - rate*float64(at) - least
+				worstB = max(worstB, over/float64(burst))
+				if over > bound+1e-6 {
+					t.Fatalf("seed %d (%s %s, %d per %v, burst %d, %d instances, %d outages): %.1f admitted above r·T from %v to %v, bound %.1f",
+						seed, alg, enf, amount, period, burst, n, outages, over, time.Unix(0, from).Sub(t0), time.Unix(0, at).Sub(t0), bound)
+				}
+			}
+			continue
 		}
 		// One instance: at most L. Several: one that did not see the
 		// outage may use the store in a window in which the others
@@ -199,5 +259,49 @@ func TestEnforcerCountHeldAfterAnOutage(t *testing.T) {
 	tick(t0.Add(10500*time.Millisecond), fs[:2]...)
 	if n := fs[0].Instances(); n != 2 {
 		t.Fatalf("after one left: %d instances, want 2", n)
+	}
+}
+
+// A token bucket's fallback admits only what B + r·T allows around the
+// store's outage: it begins empty (the store may have spent its bucket
+// just before: before, 200 passed within a second for a burst of 100 at
+// 10/s), and when the store decides the key again, it first charges the
+// store what the fallback's bucket lacks of full (the store's bucket
+// refilled meanwhile without knowing: before, a fallback burst of 100
+// and the store's full bucket right after passed 200 within 0.2 s).
+func TestFallbackBucketsStayWithinBPlusRT(t *testing.T) {
+	const cfg = "domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 10/1s, burst: 100, enforcement: exact, on_failure: local}\n"
+	s := &downStore{Store: &MemoryStore{}}
+	f := newEnforcer(t, cfg, s, "a")
+	burst := func(at time.Time) int {
+		n := 0
+		for range 150 {
+			if check(t, f, at, user("1"), 1).Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	start := t0
+	if n := burst(start); n != 100 {
+		t.Fatalf("the store's bucket: %d admitted, want 100", n)
+	}
+	s.down.Store(true)
+	entry := 0
+	for at := 10 * time.Millisecond; at <= time.Second; at += 10 * time.Millisecond {
+		entry += burst(start.Add(at))
+	}
+	if entry > 10 {
+		t.Errorf("the store down right after its bucket was spent: %d admitted by the fallback within 1 s, want at most r·T = 10 (B + r·T = 110 with the 100 before)", entry)
+	}
+	// Nothing for 20 s: the fallback's bucket fills, then spends it all.
+	full := start.Add(21 * time.Second)
+	if n := burst(full); n != 100 {
+		t.Fatalf("the fallback's bucket, full again: %d admitted, want 100", n)
+	}
+	s.down.Store(false)
+	back := burst(full.Add(200 * time.Millisecond))
+	if back+100 > 100+2 {
+		t.Errorf("the store back 0.2 s after the fallback spent 100: %d more admitted, want at most r·T = 2 (B + r·T = 102)", back)
 	}
 }

@@ -179,8 +179,10 @@ func (f *Enforcer) chargeItems(ctx context.Context, now time.Time, domain string
 			}
 			if st := f.stats(domain, ws[i].ls); err != nil {
 				st.failed(f.log, ws[i].ls.l, err, d.t)
+				f.lost(d.t)
 			} else {
 				st.reached(f.log)
+				f.found(d.t)
 				dec.Statuses[i].Remaining = int64(res[j].Remaining)
 				dec.Statuses[i].ResetAfter = res[j].ResetAfter
 			}

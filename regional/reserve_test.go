@@ -549,8 +549,8 @@ limits:
 func TestConcurrencyStoreDown(t *testing.T) {
 	for _, row := range []struct {
 		policy string
-		admit  int // of 3 reservations, cap 4, 2 instances seen
-	}{{"open", 3}, {"closed", 0}, {"local", 2}} {
+		admit  int // of 4 reservations, a second apart, cap 4, 2 instances seen
+	}{{"open", 4}, {"closed", 0}, {"local", 2}} {
 		t.Run(row.policy, func(t *testing.T) {
 			cfg := `
 domain: llm
@@ -564,9 +564,11 @@ limits:
 			f.Tick(bg, t0) // sees 2 instances
 			store.SetErr(errors.New("down"))
 			rs := NewReservations(e, f, ReservationOptions{Rand: rand.New(rand.NewPCG(1, 1))})
+			// local: the fallback's token bucket is empty when it begins
+			// (the first is rejected), then the cap of 4 ÷ 2 holds.
 			n := 0
-			for range 3 {
-				if reserve(t, rs, t0, "acme", 1, 2).Allowed {
+			for i := range 4 {
+				if reserve(t, rs, t0.Add(time.Duration(i)*time.Second), "acme", 1, 2).Allowed {
 					n++
 				}
 			}

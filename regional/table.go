@@ -192,6 +192,20 @@ func (s *shard) sweep(now int64) int {
 	return removed
 }
 
+// sweepOwed is sweep for the fallback table: it keeps a slot full at
+// now that was not full at back, which still owes the store what it
+// lacked then (Enforcer's repay).
+func (s *shard) sweepOwed(now, back int64) {
+	for i := 0; i < len(s.slots); {
+		if sl := &s.slots[i]; sl.key != 0 && sl.idleAt <= now && sl.idleAt <= back {
+			s.remove(i)
+			s.stats.evictedIdle++
+			continue
+		}
+		i++
+	}
+}
+
 // makeRoom evicts a key when the shard is full: idle keys first; if none,
 // the key closest to being idle, whose loss forgets the least charge.
 func (s *shard) makeRoom(now int64) {

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -162,12 +163,15 @@ limits:
 
 // Under on_failure: local a request decided in the fallback bucket while
 // Redis was paused is charged there only, not by its late call as well.
+// The fallback's bucket is empty when it begins (Redis may have spent
+// its bucket) and fills at 10/s: the first request in the pause is
+// rejected, three more 350 ms later are admitted.
 func TestLateCallLocalChargesOnce(t *testing.T) {
 	srv, opts, admin := tlsRedis(t)
 	const cfg = `
 domain: api
 limits:
-  - {name: otp, match: {user: "*"}, rate: 10/1h, enforcement: exact, on_failure: local}
+  - {name: otp, match: {user: "*"}, rate: 10/1s, enforcement: exact, on_failure: local}
 `
 	o := opts()
 	f, _ := instance(t, cfg, "a", o, lateTimeout)
@@ -176,20 +180,36 @@ limits:
 	if dec := decide(t, f, user); !dec.Allowed || stats(f, "otp").Fallback {
 		t.Fatalf("before the pause: %+v, %+v", dec, stats(f, "otp"))
 	}
-	before := stats(f, "otp")
+	before, held := stats(f, "otp"), bucketState(t, admin, "api/otp:user=1")
 	whilePaused(t, srv, admin, o.Registry.(prometheus.Gatherer), func() {
+		if dec := decide(t, f, user); dec.Allowed {
+			t.Fatal("the first request while Redis is paused: admitted by a fallback bucket that begins empty")
+		}
+		time.Sleep(350 * time.Millisecond)
 		for i := range 3 {
 			if dec := decide(t, f, user); !dec.Allowed {
-				t.Fatalf("request %d while Redis is paused: rejected by the fallback bucket, which holds 10", i)
+				t.Fatalf("request %d while Redis is paused, 350 ms into the fallback: rejected", i)
 			}
 		}
 	})
-	if st := stats(f, "otp"); st.FallbackAllowed-before.FallbackAllowed != 3 {
-		t.Fatalf("%+v, want the 3 requests admitted by the fallback", st)
+	if st := stats(f, "otp"); st.FallbackAllowed-before.FallbackAllowed != 3 || st.FallbackRejected-before.FallbackRejected != 1 {
+		t.Fatalf("%+v, want 3 requests admitted and 1 rejected by the fallback", st)
 	}
-	if n := tokens(t, admin, "api/otp:user=1"); n != 9 {
-		t.Fatalf("the bucket holds %d of 10 after 1 admitted by Redis and 3 by the fallback: the late calls charged %d as well", n, 9-n)
+	if now := bucketState(t, admin, "api/otp:user=1"); !maps.Equal(now, held) {
+		t.Fatalf("the bucket in Redis changed from %v to %v: a late call charged it", held, now)
 	}
+}
+
+// bucketState is a bucket's fields in Redis (lua/bucket.lua).
+func bucketState(t *testing.T, admin *redis.Client, key string) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := admin.HGetAll(ctx, redisstore.DefaultPrefix+"{"+key+"}").Result()
+	if err != nil || len(m) == 0 {
+		t.Fatalf("bucket %s: %v %v", key, m, err)
+	}
+	return m
 }
 
 // A concurrency slot whose Acquire reaches Redis after its deadline is not
@@ -219,6 +239,12 @@ limits:
 			who := "acme-" + policy
 			whilePaused(t, srv, admin, reg, func() {
 				r, err := reserveOne(rs, who, 10, 10)
+				// local: the fallback's token bucket begins empty and
+				// fills at about 28 tokens a millisecond.
+				for i := 0; policy == "local" && err == nil && !r.Allowed && i < 20; i++ {
+					time.Sleep(5 * time.Millisecond)
+					r, err = reserveOne(rs, who, 10, 10)
+				}
 				if err != nil || r.Allowed != (policy == "local") {
 					t.Fatalf("while Redis is paused: %+v %v, want it decided by on_failure: %s", r, err, policy)
 				}
