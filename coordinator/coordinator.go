@@ -407,6 +407,25 @@ func (c *Coordinator) goneRegion(limit, region string, h float64) {
 	c.gone[limit] = sum
 }
 
+// releaseGone stops holding what region, no longer configured, may
+// apply: every instance of it left.
+func (c *Coordinator) releaseGone(region string) {
+	for id := range c.goneOf {
+		if strings.HasSuffix(id, "\x00"+region) {
+			delete(c.goneOf, id)
+		}
+	}
+	for limit := range c.gone {
+		sum := 0.0
+		for k, v := range c.goneOf {
+			if strings.HasPrefix(k, limit+"\x00") {
+				sum += v
+			}
+		}
+		c.gone[limit] = sum
+	}
+}
+
 // reserved is what regions no longer configured may still apply of a
 // vector of limit at now.
 func (c *Coordinator) reserved(limit string, now time.Time) float64 {

@@ -132,7 +132,13 @@ type Fleet struct {
 	quiet    time.Time // until then, instances of an earlier leader may hold grants
 	next     time.Time // of the next weight rebalance
 	members  bool      // the instances that may hold grants changed: persist them
-	stats    FleetStats
+	// goneIn is, by region the configuration no longer lists, the
+	// instances of the previous term that may still apply share of it
+	// (prev, NewFleet): once each has said it left (a leaving Hello), the
+	// region's hold ends. A region whose holders are not all known (a
+	// legacy instance, or a quiet period) is not in it.
+	goneIn map[string]map[string]bool
+	stats  FleetStats
 }
 
 // FleetStats are a Fleet's counters and gauges, for metrics.
@@ -380,9 +386,23 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 		return f, nil
 	}
 	f.quiet = prev.quiet
+	for r, holders := range prev.goneIn { // dropped before prev: still held
+		if !slices.Contains(d.Regions, r) {
+			if f.goneIn == nil {
+				f.goneIn = map[string]map[string]bool{}
+			}
+			f.goneIn[r] = maps.Clone(holders)
+		}
+	}
 	for _, pr := range prev.regions {
 		i, ok := f.regionOf[pr.name]
 		if !ok {
+			if holders, known := prev.holders(now, pr); known && len(holders) > 0 {
+				if f.goneIn == nil {
+					f.goneIn = map[string]map[string]bool{}
+				}
+				f.goneIn[pr.name] = holders
+			}
 			continue
 		}
 		fr := f.regions[i]
@@ -460,13 +480,35 @@ func (f *Fleet) region(name string) (*fleetRegion, error) {
 // weights what it holds of its latest grant; legacy says the instance does
 // not know instances (id is then one the driver made up for its stream).
 // The instance's first assignment is a full grant, returned in Send.
+//
+// A hello with Leaving comes from an instance that left and holds
+// nothing: what it held is free at once, and no grant is sent. It may
+// come from a region the configuration no longer lists, whose hold
+// (Config.GoneHold) ends once every instance that may have applied share
+// of it left.
 func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack, weights []Weight) (Ready, error) {
-	fr, err := f.region(region)
-	if err != nil {
-		return Ready{}, err
-	}
 	if id == "" {
 		return Ready{}, fmt.Errorf("%w: an instance without an id", ErrBadValue)
+	}
+	fr, err := f.region(region)
+	if err != nil {
+		if hello.Leaving && f.goneIn[region][id] {
+			f.leftGone(region, id)
+			return Ready{}, nil
+		}
+		return Ready{}, err
+	}
+	if hello.Leaving && !legacy {
+		delete(fr.awaiting, id)
+		in := fr.byID[id]
+		if in == nil {
+			return Ready{}, nil
+		}
+		f.leave(fr, in)
+		rd := f.evalAck(now, fr)
+		f.moveWeights(now, fr, true, nil, &rd)
+		f.membersOut(now, &rd)
+		return rd, nil
 	}
 	in := fr.byID[id]
 	if in == nil {
@@ -679,6 +721,37 @@ func (f *Fleet) goneHold(now time.Time, d *allot.Domain) time.Duration {
 		}
 	}
 	return hold
+}
+
+// holders returns the instances of fr that may apply share at now, and
+// whether they are all known: not during a quiet period, and none of
+// them legacy (its id is its stream's, not its own).
+func (f *Fleet) holders(now time.Time, fr *fleetRegion) (map[string]bool, bool) {
+	if f.quietIn(now, fr) {
+		return nil, false
+	}
+	out := map[string]bool{}
+	for _, in := range fr.insts {
+		switch {
+		case !f.holds(now, in):
+		case in.legacy:
+			return nil, false
+		default:
+			out[in.id] = true
+		}
+	}
+	return out, true
+}
+
+// leftGone records that instance id of region, which the configuration
+// no longer lists, left: once none that may apply share of it is left,
+// the region holds nothing.
+func (f *Fleet) leftGone(region, id string) {
+	delete(f.goneIn[region], id)
+	if len(f.goneIn[region]) == 0 {
+		delete(f.goneIn, region)
+		f.co.releaseGone(region)
+	}
 }
 
 // leave removes instance in of fr, which holds nothing.

@@ -1,7 +1,9 @@
 package coordinator
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -44,6 +46,7 @@ type fleetInst struct {
 	applied    map[keyID]float64
 	reported   time.Time // At of its latest report
 	older      bool      // it connects as an enforcer of an earlier release: not KeyAware
+	left       bool      // it left (a graceful stop): it never serves again
 }
 
 func newFleetWorld(t testing.TB, prev *Fleet) *fleetWorld {
@@ -206,6 +209,21 @@ func (w *fleetWorld) leave(in *fleetInst) Ready {
 	return rd
 }
 
+// leaveByHello stops in gracefully and tells the Fleet by the hello of a
+// new stream (the one that carried its leave broke), and returns the
+// Fleet's answer.
+func (w *fleetWorld) leaveByHello(in *fleetInst) (Ready, error) {
+	shares, _ := in.x.Leave()
+	in.apply(shares)
+	in.up, in.inbox, in.left = false, nil, true
+	in.x.Reconnect()
+	hello, ws := in.x.Hello()
+	if !hello.Leaving {
+		w.t.Fatalf("%s's hello after Leave does not say it left", in.id)
+	}
+	return w.f.Attach(w.now, in.region, in.id, false, hello, ws)
+}
+
 func (w *fleetWorld) report(in *fleetInst, loc float64) { w.reportKeys(in, loc, nil) }
 
 // reportKeys reports in's demand, with keys of the local limit.
@@ -273,6 +291,79 @@ func (w *fleetWorld) run(d time.Duration, demand map[*fleetInst]float64) {
 		w.check(w.now.String())
 		w.advance(250 * time.Millisecond)
 		w.check(w.now.String())
+	}
+}
+
+// A region dropped from the configuration is held until its instances'
+// grants expire, unless each of them says it left: a leave that reaches
+// the new term as a leaving hello (its stream broke when the term
+// changed) ends the hold at once. Before, the hold lasted the grant's
+// minute: us-east applied 0.5 of the limit for it.
+func TestRemovedRegionFreedWhenItsInstancesLeave(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b, c := w.start("us-east", "a"), w.start("eu-west", "b"), w.start("eu-west", "c")
+	for _, in := range []*fleetInst{a, b, c} {
+		w.connect(in)
+	}
+	w.run(4*time.Second, map[*fleetInst]float64{a: 500, b: 250, c: 250})
+	w.dropRegion("eu-west", true)
+	w.connect(a)
+	// A hello of an instance of eu-west that did not leave is refused.
+	if hello, ws := b.x.Hello(); true {
+		if _, err := w.f.Attach(w.now, "eu-west", b.id, false, hello, ws); !errors.Is(err, ErrUnknownRegion) {
+			t.Fatalf("a hello of eu-west, dropped, that did not leave: %v, want ErrUnknownRegion", err)
+		}
+	}
+	leave := func(in *fleetInst) {
+		if rd, err := w.leaveByHello(in); err != nil || len(rd.Send) > 0 {
+			t.Fatalf("%s's leaving hello: %+v %v, want taken, with no grant", in.id, rd, err)
+		}
+		delete(w.insts, in.id)
+	}
+	leave(b)
+	w.run(3*time.Second, map[*fleetInst]float64{a: 1000})
+	if got := w.loc(a); got > 0.5+1e-6 {
+		t.Fatalf("with eu-west's c yet to leave, us-east applies %v, want at most its 0.5", got)
+	}
+	leave(c)
+	w.run(3*time.Second, map[*fleetInst]float64{a: 1000})
+	if got := w.loc(a); got < 0.95 {
+		t.Fatalf("3 s after every instance of eu-west left, us-east applies %v, want the whole limit", got)
+	}
+}
+
+// An assignment that arrives after the instance left (it was on its way
+// when the instance told the Fleet it holds nothing) is refused: before,
+// the instance applied its share again while the Fleet had freed it, and
+// shares in force summed above 1.
+func TestInstanceAppliesNothingAfterLeave(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b := w.start("us-east", "a"), w.start("eu-west", "b")
+	w.connect(a)
+	w.connect(b)
+	w.run(2*time.Second, map[*fleetInst]float64{a: 500, b: 500})
+	// b's demand falls: the Fleet lowers b, then would raise a. b gets
+	// a grant it does not apply yet.
+	for range 8 {
+		w.report(a, 1000)
+		w.report(b, 10)
+		w.deliver(a)
+		w.advance(250 * time.Millisecond)
+	}
+	pending := slices.Clone(b.inbox)
+	if len(pending) == 0 {
+		t.Fatal("no assignment on its way to b")
+	}
+	w.out(w.leave(b))
+	b.up, b.inbox = false, nil
+	for _, m := range pending { // they arrive after the leave
+		if shares, _, err := b.x.Apply(w.now, m); err == nil {
+			b.apply(shares)
+		}
+	}
+	w.run(2*time.Second, map[*fleetInst]float64{a: 1000})
+	if got := w.loc(b); got != 0 {
+		t.Fatalf("b applies %v after it left, with us-east's a at %v: want nothing", got, w.loc(a))
 	}
 }
 
@@ -424,7 +515,7 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 		}
 		ops := map[string]func(){
 			"connect": func() {
-				if in := pick(); !in.up {
+				if in := pick(); !in.up && !in.left {
 					w.connect(in)
 				}
 			},
@@ -500,6 +591,15 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 				if !in.up {
 					return
 				}
+				if rapid.Bool().Draw(rt, "leave on a new stream") {
+					// Its stream broke as it sent the leave (leadership
+					// moved): the next stream's hello says it left.
+					if rd, err := w.leaveByHello(in); err == nil {
+						w.out(rd)
+					}
+					w.check("leave")
+					return
+				}
 				shares, ack := in.x.Leave()
 				in.apply(shares)
 				ack.Instance = in.id
@@ -507,7 +607,7 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 				if rd, err := w.f.Step(w.now, ack); err == nil {
 					w.out(rd)
 				}
-				in.up, in.inbox = false, nil
+				in.up, in.inbox, in.left = false, nil, true
 			},
 			"leader": func() { w.newLeader(rapid.Bool().Draw(rt, "continues")) },
 			"drop": func() { // the configuration drops eu-west: its instances hold what they hold until their grants expire
@@ -516,6 +616,18 @@ func TestFleetNeverOverAllocates(t *testing.T) {
 				}
 				w.dropRegion("eu-west", rapid.Bool().Draw(rt, "continues"))
 				ids = slices.DeleteFunc(ids, func(id string) bool { return w.insts[id].region == "eu-west" })
+				for _, id := range slices.Sorted(maps.Keys(w.insts)) {
+					in := w.insts[id]
+					if in.region != "eu-west" || in.left || !rapid.Bool().Draw(rt, "eu-west's "+in.id+" leaves") {
+						continue // it applies what it holds until its grant expires
+					}
+					// A graceful stop, told to the new term by a leaving
+					// hello: once every holder of eu-west left, its hold ends.
+					if rd, err := w.leaveByHello(in); err == nil {
+						w.out(rd)
+					}
+					w.check("eu-west left")
+				}
 			},
 			"reorder": func() { // an instance applies its messages in another order (they travel apart)
 				if in := pick(); len(in.inbox) > 1 {

@@ -53,6 +53,7 @@ type Instance struct {
 	expires  time.Time
 	held     bool // a grant is in force (or an assignment without grants)
 	legacy   bool // the coordinator sends no grants
+	left     bool // Leave: a graceful stop, for good (Hello says so)
 	upToDate bool // a full grant was applied since Reconnect
 	behind   bool // Reconfigure added a limit since the latest full grant
 	applied  map[keyID]float64
@@ -168,7 +169,9 @@ func (x *Instance) Hello() (Ack, []Weight) {
 			return cmp.Or(cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Key, b.Key), cmp.Compare(rest(a), rest(b)))
 		})
 	}
-	return x.ack(), ws
+	ack := x.ack()
+	ack.Leaving = x.left // a new leader frees at once what it held
+	return ack, ws
 }
 
 // ack is the ack of the latest assignment and grant applied.
@@ -214,8 +217,13 @@ func (x *Instance) Expires() time.Time {
 // repeated one changes nothing and is acknowledged again. Refused, with
 // nothing applied: an assignment for another instance or region, of an
 // older term, a later grant already expired on this clock, a bad share or
-// weight, and anything but a full grant after Reconnect.
+// weight, anything but a full grant after Reconnect, and anything after
+// Leave (the coordinator was told it holds nothing: an assignment sent
+// before that arrived must not make it hold again).
 func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
+	if x.left {
+		return nil, Ack{}, fmt.Errorf("%w: instance %q left", ErrStale, x.id)
+	}
 	if m.Grant == nil {
 		if m.Instance != "" {
 			return nil, Ack{}, fmt.Errorf("%w: an assignment for instance %q without a grant", ErrBadValue, m.Instance)
@@ -420,7 +428,7 @@ func (x *Instance) weightChanged(l string) {
 // Leave drops every share to nothing for good (a graceful stop) and
 // returns the shares to apply and the ack that tells the coordinator so.
 func (x *Instance) Leave() ([]Share, Ack) {
-	x.held, x.legacy, x.all = false, false, true
+	x.held, x.legacy, x.all, x.left = false, false, true, true
 	ack := x.ack()
 	ack.Leaving = true
 	return x.diff(), ack

@@ -125,14 +125,18 @@ type world struct {
 
 // region is one region of a system.
 type region struct {
-	name  string
-	idx   int // in the domain's regions
-	link  Link
-	skew  time.Duration // its clock reads true time + skew
-	gone  bool          // removed by a config event: its instances stopped
-	inst  []*instance
-	store *simStore  // nil without leased or exact limits
-	gw    []*gateway // the gateways system's gateways (gateway.go)
+	name string
+	idx  int // in the domain's regions
+	link Link
+	skew time.Duration // its clock reads true time + skew
+	gone bool          // removed by a config event: its instances stopped
+	// leftAt is when its instances left (a graceful stop, when a config
+	// event removed it): they tell a new term that starts within
+	// leaveBudget by a leaving hello.
+	leftAt time.Time
+	inst   []*instance
+	store  *simStore  // nil without leased or exact limits
+	gw     []*gateway // the gateways system's gateways (gateway.go)
 	// counts is the CountStore its instances share their shared-mode
 	// counts in, with peers and several instances (the regional Redis).
 	counts *regional.MemoryCounts
@@ -551,6 +555,7 @@ func (w *world) start() error {
 	w.gen++
 	for _, r := range w.region {
 		if r.gone {
+			w.farewell(r)
 			continue
 		}
 		for _, in := range r.inst {
@@ -558,6 +563,35 @@ func (w *world) start() error {
 		}
 	}
 	return nil
+}
+
+// farewell has the instances of r, removed and left, tell the
+// coordinator running now that they left, by a leaving hello on a new
+// stream (coordclient: the stream that carried the leave broke), when it
+// starts within leaveBudget of their leave. The message travels over r's
+// link, which its cut (for traffic) does not stop.
+func (w *world) farewell(r *region) {
+	if r.leftAt.IsZero() || w.now.Sub(r.leftAt) > leaveBudget {
+		return
+	}
+	for _, in := range r.inst {
+		if in.n == nil {
+			continue
+		}
+		hello, weights, err := in.n.Connect(w.dom.Name)
+		if err != nil || !hello.Leaving {
+			continue
+		}
+		gen := w.gen
+		w.transmit(r.link, r.name, "", true, func() {
+			if w.coord == nil || w.gen != gen {
+				return
+			}
+			if rd, err := w.coord.Attach(w.now, r.name, in.id, false, hello, weights); err == nil {
+				w.ready(rd)
+			}
+		})
+	}
 }
 
 // connect opens instance in's stream to the coordinator running now: its
@@ -682,10 +716,29 @@ func (w *world) configFor(src string) (*allot.Config, error) {
 	return c, err
 }
 
-// remove stops region r's instances for good: they are cut from the
-// coordinator and their peers, its requests are rejected, and what they
-// applied leaves the tally of shares in force.
+// leaveBudget is how long a stopping instance tries to tell the
+// coordinator that it left, as cmd/allot's regional server gives
+// coordclient.Client.Leave: a leave sent on a stream that breaks at once
+// (leadership moved) is said again by the next stream's hello.
+const leaveBudget = 3 * time.Second
+
+// remove stops region r's instances for good, gracefully: each leaves
+// (node.Node.Leave: it applies nothing more) and sends its leaving ack to
+// the coordinator running now; they are cut from their peers, the
+// region's requests are rejected, and what they applied leaves the tally
+// of shares in force. A new term that starts within leaveBudget hears
+// their leave again (farewell).
 func (w *world) remove(r *region) {
+	for _, in := range r.inst {
+		if in.n == nil {
+			continue
+		}
+		for _, ack := range in.n.Leave(w.clock(r)) {
+			ack.Instance = in.id
+			w.toCoord(r, ack)
+		}
+	}
+	r.leftAt = w.now
 	r.gone, w.cut[r.name] = true, true
 	for _, in := range r.inst {
 		if in.def == nil {
@@ -707,9 +760,14 @@ func (w *world) remove(r *region) {
 // or b is partitioned when it is sent or delivered. It is counted for
 // region a: sends name the region end of a coordinator link, and the
 // sender of a peer message, first.
-func (w *world) send(l Link, a, b string, deliver func()) {
+func (w *world) send(l Link, a, b string, deliver func()) { w.transmit(l, a, b, false, deliver) }
+
+// transmit is send; with uncut, a cut does not stop the message (a
+// removed region's last words).
+func (w *world) transmit(l Link, a, b string, uncut bool, deliver func()) {
 	w.m.messages[w.byName(a).idx]++
-	if w.cut[a] || w.cut[b] || w.net.Float64() < l.Loss {
+	cut := func() bool { return !uncut && (w.cut[a] || w.cut[b]) }
+	if cut() || w.net.Float64() < l.Loss {
 		return
 	}
 	copies := 1
@@ -722,7 +780,7 @@ func (w *world) send(l Link, a, b string, deliver func()) {
 			d += time.Duration(w.net.Int64N(int64(l.Jitter)))
 		}
 		w.after(d, func() {
-			if !w.cut[a] && !w.cut[b] {
+			if !cut() {
 				deliver()
 			}
 		})

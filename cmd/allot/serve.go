@@ -372,7 +372,9 @@ func startRegion(ctx context.Context, spec regionSpec) (*regionNode, error) {
 			}
 		}
 		n.leave = func() {
-			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			// The leave counts as taken once its stream stayed up for half
+			// a second (coordclient); one that broke is said again.
+			lctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			client.Leave(lctx)
 			cancel()
 		}

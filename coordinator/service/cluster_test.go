@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,12 @@ type coord struct {
 
 func startCoordinator(t *testing.T, endpoint string, cfg *allot.Config) *coord {
 	t.Helper()
+	return startCoordinatorTTL(t, endpoint, cfg, grantTTL)
+}
+
+// startCoordinatorTTL is startCoordinator with grants of ttl.
+func startCoordinatorTTL(t *testing.T, endpoint string, cfg *allot.Config, ttl time.Duration) *coord {
+	t.Helper()
 	cli := etcdClient(t, endpoint)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -79,7 +86,7 @@ func startCoordinator(t *testing.T, endpoint string, cfg *allot.Config) *coord {
 	}
 	srv, err := service.New(service.Options{
 		Store: etcdstore.New(cli, "", etcdstore.WithSessionTTL(2*time.Second)), Config: cfg,
-		Advertise: l.Addr().String(), TickEvery: 20 * time.Millisecond, GrantTTL: grantTTL,
+		Advertise: l.Addr().String(), TickEvery: 20 * time.Millisecond, GrantTTL: ttl,
 		Coordinator: coordinator.Config{Period: period, HalfLife: period / 4, DeadAfter: time.Second},
 	})
 	if err != nil {
@@ -107,6 +114,7 @@ func startCoordinator(t *testing.T, endpoint string, cfg *allot.Config) *coord {
 type region struct {
 	name   string
 	engine *regional.Engine
+	client *coordclient.Client
 	stop   func()
 }
 
@@ -126,12 +134,71 @@ func startRegion(t *testing.T, name string, cfg *allot.Config, addrs []string, s
 	done := make(chan struct{})
 	go func() { c.Run(ctx); close(done) }()
 	var once sync.Once
-	r := &region{name: name, engine: e, stop: func() { once.Do(func() { cancel(); <-done; c.Close() }) }}
+	r := &region{name: name, engine: e, client: c, stop: func() { once.Do(func() { cancel(); <-done; c.Close() }) }}
 	t.Cleanup(r.stop)
 	return r
 }
 
 func (r *region) share() float64 { return r.engine.Share("api", "global", "") }
+
+// TestDroppedRegionThatLeftIsFreed drops eu-west from the configuration
+// while its instance stops gracefully, at the same instant: its leave,
+// sent on the stream the reload closes, is said again by the hello of
+// its next stream, which the new term takes although the configuration
+// no longer lists eu-west. Its share is then free at once, not when its
+// grant expires (30 s here). What every region applies sums to at most
+// 1 throughout.
+func TestDroppedRegionThatLeftIsFreed(t *testing.T) {
+	cfg, err := allot.ParseConfig("cluster.yaml", []byte(clusterConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := startEtcd(t)
+	c := startCoordinatorTTL(t, endpoint, cfg, 30*time.Second)
+	store := etcdstore.New(etcdClient(t, endpoint), "")
+	rs := map[string]*region{}
+	for _, name := range regions {
+		rs[name] = startRegion(t, name, cfg, []string{c.addr}, store)
+	}
+	startLoad(t, []*region{rs["us-east"]}).active.Store("us-east", true) // us-east wants more than its share
+	sum := func() float64 { return rs["us-east"].share() + rs["eu-west"].share() + rs["ap-south"].share() }
+	for start := time.Now(); rs["eu-west"].share() < 0.09; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("eu-west holds %v, want its floor at least", rs["eu-west"].share())
+		}
+	}
+	next, err := allot.ParseConfig("cluster.yaml", []byte(strings.NewReplacer("regions: [us-east, eu-west, ap-south]", "regions: [us-east, ap-south]",
+		", eu-west: 0.1", "").Replace(clusterConfig)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := make(chan struct{})
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		rs["eu-west"].client.Leave(ctx)
+		close(left)
+	}()
+	if err := c.srv.SetConfig(next); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		if s := sum(); s > 1+1e-9 {
+			t.Fatalf("applied shares sum to %v after the reload", s)
+		}
+		if s := rs["us-east"].share() + rs["ap-south"].share(); s > 0.99 {
+			t.Logf("eu-west's share free %v after the reload", time.Since(start))
+			break
+		}
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("15 s after the reload us-east and ap-south apply %v and %v, want eu-west's share freed by its leave (its grant lasts 30 s)",
+				rs["us-east"].share(), rs["ap-south"].share())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	<-left
+}
 
 // load sends traffic to the regions marked active, deciding every 2 ms,
 // and counts any error: a region must keep deciding whatever happens to

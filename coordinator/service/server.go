@@ -255,14 +255,16 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 	if d == nil {
 		return s.notLeader(stream.Context(), hello.GetDomain())
 	}
-	if !slices.Contains(s.config().Domain(d.domain).Regions, hello.GetRegion()) {
+	// A region the configuration no longer lists may still say that its
+	// instance left (the Fleet frees what it held, or refuses it).
+	if !slices.Contains(s.config().Domain(d.domain).Regions, hello.GetRegion()) && !hello.GetLeaving() {
 		s.metrics.rejected(hello.GetDomain(), "unknown_region")
 		return status.Errorf(codes.InvalidArgument, "region %q is not a region of domain %q", hello.GetRegion(), hello.GetDomain())
 	}
 	// Each instance of a region has a stream of its own; the Hello's
 	// assignment and grant, if any, count as acked by this instance.
 	rs := d.attach(hello.GetRegion(), hello.GetInstance(),
-		coordinator.Ack{Term: hello.GetTerm(), Version: hello.GetVersion(), Seq: hello.GetGrantSeq()}, wire.FromWeights(hello.GetWeights()))
+		coordinator.Ack{Term: hello.GetTerm(), Version: hello.GetVersion(), Seq: hello.GetGrantSeq(), Leaving: hello.GetLeaving()}, wire.FromWeights(hello.GetWeights()))
 	defer d.detach(rs)
 	errc := make(chan error, 2)
 	go func() {

@@ -35,7 +35,8 @@ func Ack(a coordinator.Ack) *allotv1.RegionMessage {
 // holds) for the wire.
 func Hello(a coordinator.Ack, weights []coordinator.Weight) *allotv1.RegionMessage {
 	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Hello{Hello: &allotv1.Hello{
-		Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, GrantSeq: a.Seq, Weights: weightsOut(weights)}}}
+		Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, GrantSeq: a.Seq, Weights: weightsOut(weights),
+		Leaving: a.Leaving}}}
 }
 
 func weightsOut(ws []coordinator.Weight) []*allotv1.Weight {

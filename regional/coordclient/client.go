@@ -86,8 +86,9 @@ type link struct {
 	reports chan coordinator.Report
 	renewed chan struct{}        // a grant with a new expiry was applied
 	leave   chan coordinator.Ack // Leave's ack, for the stream to send
-	left    chan struct{}        // closed once it was sent
-	resync  chan struct{}        // the stream must start again (node.Node.Behind)
+	left    chan struct{}        // closed once it was taken (leftOnce)
+	leftOne sync.Once
+	resync  chan struct{} // the stream must start again (node.Node.Behind)
 }
 
 // New returns a Client; Run starts it.
@@ -184,8 +185,12 @@ func (c *Client) Ready() error { return c.node.Ready() }
 // Leave drops every share of every linked domain to nothing for good and
 // tells the coordinators so, waiting until ctx ends at most: what this
 // instance held is then reclaimable at once instead of after its grants
-// expire. Call it on a graceful stop, once no request is served any more,
-// before Run's context ends.
+// expire. A leave counts as told once the stream that carried it stayed
+// up for leaveLinger; one that broke sooner (leadership moved as it was
+// sent) is told again by the next stream's hello, which a new leader
+// takes even for a region its configuration no longer lists. Call it on
+// a graceful stop, once no request is served any more, before Run's
+// context ends.
 func (c *Client) Leave(ctx context.Context) {
 	c.mu.Lock()
 	links := slices.Collect(maps.Values(c.domains))
@@ -337,6 +342,13 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 	c.metrics.connected(l.domain, true)
 	acks := make(chan coordinator.Ack, 16)
 	errc := make(chan error, 2)
+	if hello.Leaving { // it left: this hello told the coordinator so
+		go func() {
+			_, err := st.Recv()
+			errc <- err
+		}()
+		return c.linger(ctx, l, errc)
+	}
 	applied := false
 	go func() {
 		for {
@@ -376,16 +388,38 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 			return nil // a new stream: its full grant has the added limits' shares
 		case a := <-l.leave:
 			if err := st.Send(wire.Ack(a)); err != nil {
-				return err
+				return err // the next stream's hello says it left
 			}
-			close(l.left)
-			<-ctx.Done() // nothing more to say
-			return nil
+			return c.linger(ctx, l, errc)
 		}
 		if err := st.Send(msg); err != nil {
 			return err
 		}
 	}
+}
+
+// leaveLinger is how long a stream that carried the instance's leave
+// stays up before the leave counts as taken: one that breaks sooner may
+// have lost it (leadership moved as it was sent), and the next stream's
+// hello says it again.
+const leaveLinger = 500 * time.Millisecond
+
+// linger waits, once this stream told the coordinator that the instance
+// left, for leaveLinger to pass (Leave returns: the leave is taken) or
+// for the stream to break (the next stream says it again).
+func (c *Client) linger(ctx context.Context, l *link, errc <-chan error) error {
+	t := time.NewTimer(leaveLinger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	case <-t.C:
+	}
+	l.leftOne.Do(func() { close(l.left) })
+	<-ctx.Done() // nothing more to say
+	return nil
 }
 
 // assign applies one assignment to the engine, lowerings first.

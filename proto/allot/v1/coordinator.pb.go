@@ -265,7 +265,11 @@ type Hello struct {
 	// weights the instance holds from its latest grant (for the limits, its
 	// own for hot keys, and the rest factors it applies), which a new leader
 	// keeps as they are until what every instance holds is known again
-	Weights       []*Weight `protobuf:"bytes,7,rep,name=weights,proto3" json:"weights,omitempty"`
+	Weights []*Weight `protobuf:"bytes,7,rep,name=weights,proto3" json:"weights,omitempty"`
+	// leaving: the instance left (a graceful stop) and holds nothing, as its
+	// leaving ack said; a new leader frees at once what it held, even when
+	// the configuration no longer lists its region
+	Leaving       bool `protobuf:"varint,8,opt,name=leaving,proto3" json:"leaving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -347,6 +351,13 @@ func (x *Hello) GetWeights() []*Weight {
 		return x.Weights
 	}
 	return nil
+}
+
+func (x *Hello) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
 }
 
 // DemandReport is a region's traffic since its previous report: per limit,
@@ -1059,7 +1070,7 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\trejection\x18\x02 \x01(\v2\x13.allot.v1.RejectionH\x00R\trejectionB\x05\n" +
 	"\x03msg\"%\n" +
 	"\tRejection\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage\"\xca\x01\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\xe4\x01\n" +
 	"\x05Hello\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
@@ -1067,7 +1078,8 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x1a\n" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12\x1b\n" +
 	"\tgrant_seq\x18\x06 \x01(\x04R\bgrantSeq\x12*\n" +
-	"\aweights\x18\a \x03(\v2\x10.allot.v1.WeightR\aweights\"\x99\x01\n" +
+	"\aweights\x18\a \x03(\v2\x10.allot.v1.WeightR\aweights\x12\x18\n" +
+	"\aleaving\x18\b \x01(\bR\aleaving\"\x99\x01\n" +
 	"\fDemandReport\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12*\n" +
