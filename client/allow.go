@@ -94,6 +94,9 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		c.stats.local.Add(1)
 		return d
 	case regional.GatewayDenied:
+		if b.left >= hits {
+			break // the enforcer's latest answer has them: a denial would break its promise
+		}
 		d := b.info
 		d.Allowed = false
 		d.RetryAfter = wait
@@ -136,6 +139,22 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		// gateway may count on adds what its grants hold.
 		b.answered(d.Remaining, seq)
 		d.Remaining = b.promise()
+		if !d.Allowed && hits > 0 {
+			// A grant asked while the Check was out may have taken what
+			// the Check did not find: it is this gateway's once it lands.
+			if round := b.round; round != nil {
+				b.mu.Unlock()
+				select {
+				case <-round:
+				case <-ctx.Done():
+				case <-time.After(c.cfg.Timeout):
+				}
+				b.mu.Lock()
+			}
+			if b.gw.Take(hits) {
+				d = b.allowed()
+			}
+		}
 	}
 	b.mu.Unlock()
 	if lease {

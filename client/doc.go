@@ -27,8 +27,12 @@
 // the enforcer had left at its last answer, and promises as much: with
 // no other traffic on the key, the next Remaining requests of this
 // gateway pass (a request its grants do not cover while a round moves
-// tokens to or from the enforcer waits for that round, at most Timeout).
-// Other gateways may spend what the enforcer had left meanwhile.
+// tokens to or from the enforcer waits for that round, at most Timeout;
+// a Check refused while a grant was asked takes the grant's tokens once
+// it lands; and a key is not refused here while the enforcer's latest
+// answer had enough left). Other gateways may spend what the enforcer had
+// left meanwhile, and grants that expire unspent (a gateway stalled
+// longer than the lease TTL) take their tokens with them.
 // client/example/gateway is a runnable gateway.
 //
 // A Client is safe for concurrent use.
