@@ -468,11 +468,21 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 	}
 }
 
-// lacks is what key's token bucket or GCRA state in the table lacked,
-// under p, of a full bucket when the store was back (at back, when its
-// last change came before; else at now), 0 when the table does not
-// hold the key; with out, the state is removed as well.
-func (t *table) lacks(key uint64, now, back int64, p params, out bool) float64 {
+// owes is what key's token bucket or GCRA state in the table, of a
+// fallback that began at p.spentAt, owes the store (0 when the table does
+// not hold the key): the least of what it lacked of full when the store
+// was back (at back, when its last change came before; else at now) and
+// what it may have admitted since the fallback began (what refilled
+// since then less what it holds; more than it admitted once it was full,
+// or when it began owing). With out, the state is removed as well.
+//
+// Charged either, a store's bucket holds no more than one bucket fed by
+// both would (one instance alone in its region): lacking of full, since
+// the store's bucket holds at most a burst; admitted, since what the
+// store's bucket holds less what was admitted meanwhile is at most what
+// the one bucket holds. So is the least of them. A fallback that
+// admitted nothing (a store call past its deadline, say) owes nothing.
+func (t *table) owes(key uint64, now, back int64, p params, out bool) float64 {
 	sh := &t.shards[shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -481,17 +491,21 @@ func (t *table) lacks(key uint64, now, back int64, p params, out bool) float64 {
 		return 0
 	}
 	s := &sh.slots[i]
+	last := lastUpdate(s, p.alg)
 	at := now
-	if last := lastUpdate(s, p.alg); last <= back && back < now {
+	if last <= back && back < now {
 		at = back
 	} else if at < last {
 		at = last
 	}
-	lack := p.burst - tokensAt(s, at, p)
+	owed := p.burst - tokensAt(s, at, p)
+	if p.spentAt > 0 && last >= p.spentAt {
+		owed = min(owed, p.refill(last-p.spentAt)-tokensAt(s, last, p))
+	}
 	if out {
 		sh.remove(i)
 	}
-	return max(lack, 0)
+	return max(owed, 0)
 }
 
 // sharedOf returns w's link to other regions when w is a shared-mode

@@ -70,9 +70,10 @@ type EnforcerOptions struct {
 // what the fallback admitted). A token bucket or GCRA key in fallback
 // is empty when the fallback began and refills from there (the store's
 // bucket may have been empty), and when the store decides the key again,
-// it is first charged what the fallback bucket lacks of full (the
-// store's bucket refilled meanwhile without knowing what the fallback
-// admitted): over any interval T, an instance alone in its region admits
+// it is first charged what the fallback bucket owes (the least of what
+// it lacked of full and what it may have admitted: the store's bucket
+// refilled meanwhile without knowing what the fallback admitted): over
+// any interval T, an instance alone in its region admits
 // at most B + r·T of its region's share. The fallback is logged when a
 // limit enters and leaves it, and counted in Stats.
 //
@@ -341,9 +342,10 @@ func (d *decision) stayInFallback() {
 }
 
 // repay charges the store, for each token bucket or GCRA key about to be
-// decided there again, what its fallback bucket admitted and has not
-// refilled since (its lack of a full bucket): the store's bucket refilled
-// during the fallback without knowing what the fallback admitted. A
+// decided there again, what its fallback bucket owes (table.owes: the
+// least of what it lacked of full and what it may have admitted): the
+// store's bucket refilled during the fallback without knowing what the
+// fallback admitted. A
 // ReservationStore is charged even below empty (what the others spent
 // meanwhile is then waited for); another Store gives what it holds, as a
 // lease that is not spent. The key's fallback state goes once the charge is made
@@ -361,13 +363,15 @@ func (d *decision) repay() bool {
 		if s.kind != byStore && s.kind != byLease || w.p.alg == allot.SlidingWindow || w.ls.l.OnFailure != allot.FailLocal {
 			continue
 		}
-		if ls := d.r.f.stats(d.r.domain, w.ls); d.t >= ls.fbUntil.Load() {
+		ls := d.r.f.stats(d.r.domain, w.ls)
+		if d.t >= ls.fbUntil.Load() {
 			continue // its fallback buckets are full again
 		}
 		p := s.base.scaled(1 / float64(d.r.f.Instances()))
 		p = p.scaled(w.ls.shares.hist(w.key).forCheck(p, d.t))
-		if lack := d.r.f.fallback.lacks(w.key, d.t, d.r.f.back.Load(), p, false); lack > 0 {
-			ops, at, ps = append(ops, LeaseOp{Bucket: d.bucket(i), Want: lack}), append(at, i), append(ps, p)
+		p.spentAt = max(ls.fbSince.Load(), d.r.f.downAt.Load())
+		if owed := d.r.f.fallback.owes(w.key, d.t, d.r.f.back.Load(), p, false); owed > 0 {
+			ops, at, ps = append(ops, LeaseOp{Bucket: d.bucket(i), Want: owed}), append(at, i), append(ps, p)
 		}
 	}
 	if len(ops) == 0 {
@@ -392,7 +396,7 @@ func (d *decision) repay() bool {
 		if err != nil {
 			d.failed(i, err)
 		} else {
-			d.r.f.fallback.lacks(d.ws[i].key, d.t, d.r.f.back.Load(), ps[j], true)
+			d.r.f.fallback.owes(d.ws[i].key, d.t, d.r.f.back.Load(), ps[j], true)
 		}
 	}
 	return true

@@ -266,7 +266,7 @@ func TestEnforcerCountHeldAfterAnOutage(t *testing.T) {
 // store's outage: it begins empty (the store may have spent its bucket
 // just before: before, 200 passed within a second for a burst of 100 at
 // 10/s), and when the store decides the key again, it first charges the
-// store what the fallback's bucket lacks of full (the store's bucket
+// store what the fallback's bucket owes (the store's bucket
 // refilled meanwhile without knowing: before, a fallback burst of 100
 // and the store's full bucket right after passed 200 within 0.2 s).
 func TestFallbackBucketsStayWithinBPlusRT(t *testing.T) {
@@ -303,5 +303,38 @@ func TestFallbackBucketsStayWithinBPlusRT(t *testing.T) {
 	back := burst(full.Add(200 * time.Millisecond))
 	if back+100 > 100+2 {
 		t.Errorf("the store back 0.2 s after the fallback spent 100: %d more admitted, want at most r·T = 2 (B + r·T = 102)", back)
+	}
+}
+
+// A fallback owes the store what it may have admitted, not what its
+// bucket, begun empty, lacks: a store call past its deadline on a key of
+// 10/s with a burst of 100, the fallback admitting one request 150 ms
+// later, costs the store's full bucket that request (charged the lack,
+// it held 3 of 100 after).
+func TestFallbackOwesWhatItAdmitted(t *testing.T) {
+	const cfg = "domain: api\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 10/1s, burst: 100, enforcement: exact, on_failure: local}\n"
+	s := &downStore{Store: &MemoryStore{}}
+	f := newEnforcer(t, cfg, s, "a")
+	if !check(t, f, t0, user("1"), 1).Allowed { // the store's bucket: 99 left
+		t.Fatal("the store rejected the first request")
+	}
+	s.down.Store(true)
+	if check(t, f, t0.Add(10*time.Millisecond), user("1"), 1).Allowed {
+		t.Fatal("the fallback's bucket begins empty: admitted")
+	}
+	if !check(t, f, t0.Add(160*time.Millisecond), user("1"), 1).Allowed {
+		t.Fatal("the fallback's bucket, 1.5 refilled: rejected")
+	}
+	s.down.Store(false)
+	n := 0
+	for range 150 {
+		if check(t, f, t0.Add(200*time.Millisecond), user("1"), 1).Allowed {
+			n++
+		}
+	}
+	// The store's bucket: 99 + 2 refilled, less the one the fallback
+	// admitted (charged at most its refill since it began, 1.5).
+	if n < 98 || n > 100 {
+		t.Fatalf("the store back: %d admitted, want 98 to 100 (its 99 and 2 refilled, less what the fallback admitted)", n)
 	}
 }
