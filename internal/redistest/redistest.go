@@ -31,12 +31,13 @@ const startTimeout = 20 * time.Second
 // Server is one redis-server process. Its methods are not safe for
 // concurrent use.
 type Server struct {
-	Addr string
-	t    testing.TB
-	dir  string
-	args []string
-	cmd  *exec.Cmd
-	ping redis.Options // how Restart reaches it
+	Addr   string
+	t      testing.TB
+	dir    string
+	args   []string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited
+	ping   redis.Options // how Restart reaches it
 }
 
 // Secure is how StartSecure's server is reached: TLS (the server's
@@ -76,24 +77,37 @@ func Start(t testing.TB, extra ...string) *Server {
 	return start(t, redis.Options{}, extra...)
 }
 
-// start starts a server reached as ping says; "PORT" in extra is its port.
+// start starts a server reached as ping says; "PORT" in extra is its
+// port, "FREEPORT" another free port. A port taken between its choice
+// and the server's bind (by a test running beside this one) is chosen
+// again, up to five times.
 func start(t testing.TB, ping redis.Options, extra ...string) *Server {
 	t.Helper()
 	testdep.LookPath(t, "redis-server", "apt-get install redis-server; .ci/run installs it")
-	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), ping: ping}
-	_, port, _ := net.SplitHostPort(s.Addr)
-	s.args = []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--logfile", "redis.log", "--protected-mode", "no"}
-	for _, a := range extra {
-		if a == "PORT" {
-			a = port
+	for try := 1; ; try++ {
+		s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), ping: ping}
+		_, port, _ := net.SplitHostPort(s.Addr)
+		s.args = []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", s.dir, "--logfile", "redis.log", "--protected-mode", "no"}
+		for _, a := range extra {
+			switch a {
+			case "PORT":
+				a = port
+			case "FREEPORT":
+				a = strconv.Itoa(freePort(t))
+			}
+			s.args = append(s.args, a)
 		}
-		s.args = append(s.args, a)
+		s.ping.Addr, s.ping.MaxRetries = s.Addr, -1
+		if err := s.launch(); err != nil {
+			if strings.Contains(s.log(), "Address already in use") && try < 5 {
+				continue
+			}
+			t.Fatalf("redistest: redis-server at %s: %v\n%s", s.Addr, err, s.log())
+		}
+		t.Cleanup(s.Kill)
+		return s
 	}
-	s.ping.Addr, s.ping.MaxRetries = s.Addr, -1
-	s.Restart()
-	t.Cleanup(s.Kill)
-	return s
 }
 
 // Kill stops the server at once (SIGKILL), as a crash would.
@@ -102,7 +116,7 @@ func (s *Server) Kill() {
 		return
 	}
 	s.cmd.Process.Kill()
-	s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
@@ -130,15 +144,45 @@ func (s *Server) signal(sig syscall.Signal) {
 // cluster node keeps its identity), and waits until it answers.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.launch(); err != nil {
+		s.t.Fatalf("redistest: redis-server at %s: %v\n%s", s.Addr, err, s.log())
+	}
+}
+
+// launch starts the server process and waits until it answers, until it
+// exits (an error), or until startTimeout.
+func (s *Server) launch() error {
 	s.Kill()
 	s.cmd = exec.Command("redis-server", s.args...)
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("redistest: start redis-server: %v", err)
+		s.cmd = nil
+		return fmt.Errorf("start redis-server: %w", err)
 	}
+	exited, cmd := make(chan struct{}), s.cmd
+	s.exited = exited
+	go func() { cmd.Wait(); close(exited) }()
 	ping := s.ping
 	c := redis.NewClient(&ping)
 	defer c.Close()
-	waitFor(s.t, "redis-server at "+s.Addr, func(ctx context.Context) error { return c.Ping(ctx).Err() }, s.log)
+	deadline := time.Now().Add(startTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		select {
+		case <-exited:
+			s.cmd = nil
+			return fmt.Errorf("exited before it answered (%v)", err)
+		default:
+		}
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %v: %w", startTimeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (s *Server) log() string {
@@ -159,7 +203,7 @@ func StartCluster(t testing.TB) *Cluster {
 	c := &Cluster{}
 	for range 6 {
 		c.Nodes = append(c.Nodes, Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-port", strconv.Itoa(freePort(t)), // the default, port+10000, may not be free
+			"--cluster-port", "FREEPORT", // the default, port+10000, may not be free
 			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
