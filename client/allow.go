@@ -69,16 +69,10 @@ func validate(domain string, descriptors []allot.Descriptor, hits int64) error {
 // or a key the enforcer recently said has nothing left.
 func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 	b.mu.Lock()
-	if round := b.round; round != nil && hits > 0 && b.tokens() < hits {
-		// Tokens are on their way between this gateway and the enforcer:
-		// wait for them rather than ask a Check that may not find them.
-		b.mu.Unlock()
-		select {
-		case <-round:
-		case <-ctx.Done():
-		case <-time.After(c.cfg.Timeout):
-		}
-		b.mu.Lock()
+	if hits > 0 && b.tokens() < hits {
+		// Tokens on their way between this gateway and the enforcer: wait
+		// for them rather than ask a Check that may not find them.
+		c.awaitRound(ctx, b)
 	}
 	now := time.Now()
 	switch v, wait := b.gw.Decide(now, hits); v {
@@ -142,15 +136,7 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		if !d.Allowed && hits > 0 {
 			// A grant asked while the Check was out may have taken what
 			// the Check did not find: it is this gateway's once it lands.
-			if round := b.round; round != nil {
-				b.mu.Unlock()
-				select {
-				case <-round:
-				case <-ctx.Done():
-				case <-time.After(c.cfg.Timeout):
-				}
-				b.mu.Lock()
-			}
+			c.awaitRound(ctx, b)
 			if b.gw.Take(hits) {
 				d = b.allowed()
 			}
@@ -161,6 +147,25 @@ func (c *Client) slow(ctx context.Context, b *bucket, hits int64) Decision {
 		c.wake()
 	}
 	return d
+}
+
+// awaitRound waits, when a Lease round is moving b's tokens to or from
+// the enforcer (b.round), until it is answered, at most Timeout or ctx;
+// the caller holds b.mu, which is released meanwhile.
+func (c *Client) awaitRound(ctx context.Context, b *bucket) {
+	round := b.round
+	if round == nil {
+		return
+	}
+	b.mu.Unlock()
+	t := time.NewTimer(c.cfg.Timeout)
+	select {
+	case <-round:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	t.Stop()
+	b.mu.Lock()
 }
 
 // fromResult describes the most restrictive limit of a Check result, as

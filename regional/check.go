@@ -471,7 +471,7 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 // owes is what key's token bucket or GCRA state in the table, of a
 // fallback that began at p.spentAt, owes the store (0 when the table does
 // not hold the key): the least of what it lacked of full when the store
-// was back (at back, when its last change came before; else at now) and
+// was back (at p.backAt, when its last change came before; else at now) and
 // what it may have admitted since the fallback began (what refilled
 // since then less what it holds; more than it admitted once it was full,
 // or when it began owing). With out, the state is removed as well.
@@ -482,7 +482,7 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 // store's bucket holds less what was admitted meanwhile is at most what
 // the one bucket holds. So is the least of them. A fallback that
 // admitted nothing (a store call past its deadline, say) owes nothing.
-func (t *table) owes(key uint64, now, back int64, p params, out bool) float64 {
+func (t *table) owes(key uint64, now int64, p params, out bool) float64 {
 	sh := &t.shards[shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -493,7 +493,7 @@ func (t *table) owes(key uint64, now, back int64, p params, out bool) float64 {
 	s := &sh.slots[i]
 	last := lastUpdate(s, p.alg)
 	at := now
-	if last <= back && back < now {
+	if back := p.backAt; last <= back && back < now {
 		at = back
 	} else if at < last {
 		at = last

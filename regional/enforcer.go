@@ -367,10 +367,9 @@ func (d *decision) repay() bool {
 		if d.t >= ls.fbUntil.Load() {
 			continue // its fallback buckets are full again
 		}
-		p := s.base.scaled(1 / float64(d.r.f.Instances()))
-		p = p.scaled(w.ls.shares.hist(w.key).forCheck(p, d.t))
-		p.spentAt = max(ls.fbSince.Load(), d.r.f.downAt.Load())
-		if owed := d.r.f.fallback.owes(w.key, d.t, d.r.f.back.Load(), p, false); owed > 0 {
+		p := d.fallbackParams(i)
+		p = p.scaled(w.ls.shares.hist(w.key).forCheck(p, d.t)) // as the fallback table runs it
+		if owed := d.r.f.fallback.owes(w.key, d.t, p, false); owed > 0 {
 			ops, at, ps = append(ops, LeaseOp{Bucket: d.bucket(i), Want: owed}), append(at, i), append(ps, p)
 		}
 	}
@@ -396,7 +395,7 @@ func (d *decision) repay() bool {
 		if err != nil {
 			d.failed(i, err)
 		} else {
-			d.r.f.fallback.owes(d.ws[i].key, d.t, d.r.f.back.Load(), ps[j], true)
+			d.r.f.fallback.owes(d.ws[i].key, d.t, ps[j], true)
 		}
 	}
 	return true
@@ -416,15 +415,24 @@ func (d *decision) only(k kind, charged bool) int {
 		n++
 		w.p = s.base
 		if k == byFallback || k == fellBack {
-			w.p = s.base.scaled(1 / float64(d.r.f.Instances()))
-			w.p.spentAt = max(d.r.f.stats(d.r.domain, w.ls).fbSince.Load(), d.r.f.downAt.Load())
-			w.p.backAt = d.r.f.back.Load()
+			w.p = d.fallbackParams(i)
 		}
 		for w.same >= 0 && d.ws[w.same].skip { // chain only the works of this run
 			w.same = d.ws[w.same].same
 		}
 	}
 	return n
+}
+
+// fallbackParams is work i's limit in the fallback table, before the
+// share: the instance's part of it, and when the latest fallback began
+// and the store was last back.
+func (d *decision) fallbackParams(i int) params {
+	f := d.r.f
+	p := d.steps[i].base.scaled(1 / float64(f.Instances()))
+	p.spentAt = max(f.stats(d.r.domain, d.ws[i].ls).fbSince.Load(), f.downAt.Load())
+	p.backAt = f.back.Load()
+	return p
 }
 
 // rejects reports whether a non-shadow work of kind k rejected.
