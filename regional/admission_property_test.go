@@ -20,7 +20,9 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // of one to three instances, each instance an Engine, hold parts of one
 // global limit that a model coordinator moves at random — lowerings at
 // once, raises only later (the demarcation: shares in force never sum
-// above 1) — for the limit's default and for a hot key that is promoted
+// above 1; a sliding window's lowering releases what it will not spend
+// of its window to a pool that raises draw in-window extras from,
+// Engine.MoveShare and Engine.AddExtra) — for the limit's default and for a hot key that is promoted
 // and retired. Between rebalances, instances restart (a new engine that
 // holds its share from its grant on), keys are swept and made again,
 // peers lend to each other, the limit's L (and a bucket's burst) is
@@ -51,7 +53,7 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // region and one clock) and the store's fallback.
 func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 	runs := *admissionRuns
-	var events [10]int
+	var events [11]int
 	start := time.Now()
 	for seed := range uint64(runs) {
 		d := &draw{rand.New(rand.NewPCG(seed, 0x616c6c6f74))}
@@ -65,8 +67,8 @@ func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 			events[k] += n
 		}
 	}
-	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active, %d instances cut off, %d reconnected",
-		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7], events[8], events[9])
+	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active, %d instances cut off, %d reconnected, %d in-window extras",
+		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7], events[8], events[9], events[10])
 }
 
 // draw draws a run's choices from a seeded source.
@@ -146,7 +148,8 @@ type admissionRun struct {
 	now      int64
 	raises   []pendingRaise
 	admitted []admission
-	events   [10]int
+	pool     map[int64]float64 // released allowance, by window start (move)
+	events   [11]int
 	dec      allot.Decision
 }
 
@@ -198,7 +201,8 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 	src := fmt.Sprintf("domain: api\nregions: [a, b, c]\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: %d/%dms%s, algorithm: %s}\n",
 		amount, period.Milliseconds(), burstField, alg)
 	r := &admissionRun{cfg: mustConfig(t, src), amount: float64(amount), burst: float64(burst), period: int64(period),
-		regions: regions, peers: len(regions) > 1 && d.bool(), now: t0.UnixNano(), steps: d.int(20, 250)}
+		regions: regions, peers: len(regions) > 1 && d.bool(), now: t0.UnixNano(), steps: d.int(20, 250),
+		pool: map[int64]float64{}}
 	r.alg = r.cfg.Domains[0].Limits[0].Algorithm
 	// From ten steps a window to a thousand.
 	r.rebal = r.period / int64([]int{10, 100, 1000}[d.int(0, 2)])
@@ -307,6 +311,8 @@ func (r *admissionRun) apply(t testing.TB, p pendingRaise) {
 	r.tracef("holder %d: share %+v", p.h, p)
 	var err error
 	switch {
+	case !p.key && r.alg == allot.SlidingWindow:
+		err = r.move(h, p.to)
 	case !p.key:
 		h.def = p.to
 		err = h.e.SetShare(r.clock(h), "api", "l", p.to)
@@ -320,6 +326,34 @@ func (r *admissionRun) apply(t testing.TB, p pendingRaise) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// move puts a sliding window's default share in force at h as the
+// coordinator does (docs/adr/0005): what a lowering releases of the
+// holder's window goes to the pool of that window, and a raise draws an
+// extra for the same window from it, at most the raise, usable in the
+// window's interior that no clock within ±skew places in another.
+func (r *admissionRun) move(h *admissionHolder, to float64) error {
+	now := r.clock(h)
+	raise := to - h.def
+	h.def = to
+	rel, err := h.e.MoveShare(now, "api", "l", to)
+	if err != nil || raise <= 0 {
+		if rel.Value > 0 {
+			r.pool[rel.Window] += rel.Value
+			r.tracef("holder %p: released %.4f of window %d", h, rel.Value, rel.Window)
+		}
+		return err
+	}
+	ws := now.UnixNano() - now.UnixNano()%r.period
+	x := Extra{Window: ws, Value: min(raise, r.pool[ws]), From: ws + 2*r.skew, Until: ws + r.period - 2*r.skew}
+	if x.Value <= 0 {
+		return nil
+	}
+	r.pool[ws] -= x.Value
+	r.events[10]++
+	r.tracef("holder %p: extra %+v", h, x)
+	return h.e.AddExtra(now, "api", "l", x)
 }
 
 // rebalance moves the default's shares, or the hot key's (promoting it),

@@ -363,12 +363,14 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 			sh.makeRoom(t)
 			idx = sh.insert(h)
 			sh.remake(&sh.slots[idx], t, hist, base, p, ls.changeFor(base))
+			sh.noteWindow(ls, base, &sh.slots[idx])
 		} else {
 			hist.catchUp(&sh.slots[idx], base, ls.changeFor(base))
 		}
 		s := &sh.slots[idx]
 		if n := math.Floor(min(float64(req.Amount), available(s, t, p)*lendFraction)); n >= 1 && take(s, t, p, n, false).allowed {
 			g.Granted = int64(n)
+			sh.noteWindow(ls, base, s)
 		} else {
 			g.Refused = "no_spare"
 		}

@@ -392,8 +392,10 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 	switch o {
 	case opForce:
 		for i := range ws {
-			if !ws[i].skip {
-				report(&sts[i], take(slotOf(&ws[i]), now, ws[i].p, ws[i].cost, true))
+			if w := &ws[i]; !w.skip {
+				s := slotOf(w)
+				report(&sts[i], take(s, now, w.p, w.cost, true))
+				t.noteWindow(w, s)
 			}
 		}
 		return
@@ -409,7 +411,9 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 	}
 	if len(ws) == 1 { // nothing else can reject: charge in place
 		if w := &ws[0]; !w.skip {
-			report(&sts[0], take(slotOf(w), now, w.p, w.cost, false))
+			s := slotOf(w)
+			report(&sts[0], take(s, now, w.p, w.cost, false))
+			t.noteWindow(w, s)
 			if o == opCheck {
 				t.count(items, w, &sts[0], sts[0].Allowed || w.ls.l.Shadow)
 			}
@@ -443,7 +447,9 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		case w.skip:
 			continue
 		case admit && st.Allowed:
-			*slotOf(w) = trials[i] // a later work on the same key overwrites with its later trial
+			s := slotOf(w)
+			*s = trials[i] // a later work on the same key overwrites with its later trial
+			t.noteWindow(w, s)
 		case st.Allowed: // another limit rejected: report the uncharged state
 			report(st, take(slotOf(w), now, w.p, 0, false))
 		}
@@ -452,6 +458,9 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		}
 	}
 }
+
+// noteWindow records a work's count in its shard (shard.noteWindow).
+func (t *table) noteWindow(w *work, s *slot) { t.shards[shardOf(w.key)].noteWindow(w.ls, w.base, s) }
 
 // freshSlot initialises the slot of a key the table does not hold: a
 // split-mode key through its share's history (shareHist.fresh), a
@@ -462,7 +471,8 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 		return
 	}
 	t.shards[shardOf(w.key)].remake(s, now, w.ls.shares.hist(w.key), w.base, w.p, w.ls.changeFor(w.base))
-	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
+	t.restoreSlot(s, w, now)                             // persisted long windows (persist.go)
+	t.shards[shardOf(w.key)].noteWindow(w.ls, w.base, s) // a recalled key's count (MoveShare)
 	if p := w.p; p.spentAt > 0 && p.alg != allot.SlidingWindow {
 		setTokens(s, min(p.spentAt, now), 0, p) // a fallback's new key: empty when it began
 	}

@@ -231,6 +231,11 @@ type shareHist struct {
 	low     float64 // the least share in force in win, up to now
 	early   float64 // the least share in force in win's first g
 	g       int64   // the window guard (ns) when win was recorded; 0: none
+	// extra is allowance added to window xwin (in per) from xfrom until
+	// xuntil (unix ns), drawn from what others released of it (Engine.AddExtra):
+	// the window may use low (or early) plus it, never above the share.
+	xwin, xfrom, xuntil int64
+	extra               float64
 }
 
 type shareChange struct {
@@ -263,9 +268,10 @@ func (h *shareHist) forCheck(p params, now int64) float64 {
 		case w > h.win:
 			return s // the latest change was before this window began
 		case w == h.win && h.g > 0 && now%p.period > h.g:
-			return h.early // past the guard: later changes count from the next window
+			// past the guard: later changes count from the next window
+			return min(max(s, h.early), h.early+h.extraAt(w, now))
 		case w == h.win:
-			return h.low
+			return min(s, h.low+h.extraAt(w, now))
 		}
 		s = min(s, h.low) // the clock stepped back: the least known
 	}
@@ -303,11 +309,15 @@ func (h *shareHist) with(at int64, share float64, per, g int64) *shareHist {
 				start = c.leastSince(at - at%per) // ...or, in another period, the least known
 			}
 			c.per, c.win, c.g = per, w, g
+			c.extra = 0
 			c.low, c.early = min(start, share), start
 			if inGuard {
 				c.early = c.low
 			}
 		default: // the same window, or the clock stepped back
+			if share < c.current() || w < c.win {
+				c.extra = 0 // a lowering gives up what the window had of it (MoveShare)
+			}
 			c.low = min(c.low, share)
 			if inGuard || w < c.win {
 				c.early = min(c.early, share)

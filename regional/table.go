@@ -36,6 +36,9 @@ type shard struct {
 	marks     map[uint64]*keyMark
 	dirty     map[uint64]*keyMark
 	marksNext int64
+	// wins is, per limit (by limitShares.id), the most any of its
+	// sliding-window keys counted in its latest window (noteWindow).
+	wins []winUse
 	// victims keeps keys evicted while active (remember, recall).
 	victims []slot
 

@@ -1,0 +1,205 @@
+package regional
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot"
+)
+
+// Moving allowance within a window (docs/adr/0005). A sliding window's
+// share raised within a window counts from the next one, because the
+// region or instance that gave it up may already have spent its part of
+// this window. A quantity can move at once, though: what a giver has not
+// admitted in the window and will not admit in it is exactly what a
+// receiver may add to that window. MoveShare lowers a share and says what
+// it gave up (a Release); AddExtra adds a quantity drawn from releases to
+// one window of a receiver's share. Whoever pairs them (the coordinator)
+// must hand out no more than was released, per limit and window.
+
+// Release is what a share change gave up of the window holding it: Value,
+// a fraction of the limit (of every key's own limit), in the window that
+// starts at Window (unix ns, the engine's clock). Zero Value: nothing.
+type Release struct {
+	Window int64
+	Value  float64
+}
+
+// Extra is allowance added to one window of a share: Value, a fraction
+// of the limit, usable in the window that starts at Window (unix ns) from
+// From until Until (unix ns, within the window), never above the share in
+// force. A holder whose clock may be off by e uses [Window + 2e, window's
+// end − 2e): whatever its clock reads then, true time is within the
+// window whose allowance was released.
+type Extra struct {
+	Window      int64
+	Value       float64
+	From, Until int64
+}
+
+// winUse is the most that any key of a limit has counted in one window
+// of one shard, as a fraction of the key's own limit (Engine.MoveShare).
+type winUse struct {
+	start int64 // window start (unix ns); 0: none
+	max   float64
+}
+
+// noteWindow records that the sliding-window key in s, of ls, with the
+// unshared parameters base, counts s.a in the window that starts at s.t. A key whose period is
+// not its limit's counts as having spent all: its windows are not the
+// ones a release names. The caller holds the shard's lock.
+func (sh *shard) noteWindow(ls *limitState, base params, s *slot) {
+	id := ls.shares.id
+	if id < 0 || base.alg != allot.SlidingWindow || ls.l.Mode != allot.Split {
+		return
+	}
+	start, used := s.t, s.a/base.amount
+	if base.period != ls.base.period || !(base.amount > 0) {
+		start, used = s.t-s.t%ls.base.period, math.Inf(1)
+	}
+	if id >= len(sh.wins) {
+		sh.wins = append(sh.wins, make([]winUse, id+1-len(sh.wins))...)
+	}
+	switch u := &sh.wins[id]; {
+	case start > u.start:
+		*u = winUse{start, used}
+	case start == u.start:
+		u.max = max(u.max, used)
+	}
+}
+
+// windowUse is the most that any key of the limit with demand counters
+// id counted in the window starting at start, as a fraction of its own
+// limit: 1 or more when it is not known (a clock stepped back).
+func (t *table) windowUse(id int, start int64) float64 {
+	u := 0.0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		if id < len(sh.wins) {
+			switch w := sh.wins[id]; {
+			case w.start == start:
+				u = max(u, w.max)
+			case w.start > start:
+				u = math.Inf(1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return u
+}
+
+// extraAt is the extra of h usable at now in window w (an index in h.per).
+func (h *shareHist) extraAt(w, now int64) float64 {
+	if h.xwin != w || now < h.xfrom || now >= h.xuntil {
+		return 0
+	}
+	return h.extra
+}
+
+// withExtra returns a copy of h with x added to the window that holds
+// it. An extra counts only in a window in which the share changed (a
+// raise carries it): otherwise the share has been in force since the
+// window began and the window uses it whole.
+func (h *shareHist) withExtra(x Extra) *shareHist {
+	c := *h
+	if c.per <= 0 || x.Window%c.per != 0 || x.Window/c.per != c.win || !(x.Value > 0) {
+		return &c
+	}
+	if c.xwin != c.win || c.extra == 0 {
+		c.xwin, c.extra, c.xfrom, c.xuntil = c.win, 0, x.From, x.Until
+	}
+	// Extras of one window add up over the span they all share.
+	c.extra += x.Value
+	c.xfrom, c.xuntil = max(c.xfrom, x.From), min(c.xuntil, x.Until, x.Window+c.per)
+	return &c
+}
+
+// MoveShare sets the region's default share of a limit from now on, as
+// SetShare does, and returns what a lowering of a split-mode sliding
+// window gave up of the window holding now: what its keys might still
+// have admitted in it at the share before, less what they may admit at
+// the share after and less what the busiest of them has admitted
+// already. A receiver may add that much to the same window (AddExtra)
+// without any window of true time holding more than the limit. Other
+// changes give up nothing.
+func (e *Engine) MoveShare(now time.Time, domain, limit string, share float64) (Release, error) {
+	ls, err := e.limitFor(domain, limit, share)
+	if err != nil {
+		return Release{}, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t := now.UnixNano()
+	per, g := ls.windowPer(), e.guard.Load()
+	// A persisted long window may hold restored counts of keys not
+	// touched since (persist.go), which windowUse does not see: it
+	// releases nothing.
+	split := per > 0 && ls.l.Mode == allot.Split && ls.shares.id >= 0 && ls.shares.persist.Load() == nil
+	var before map[uint64]float64
+	if split {
+		before = ls.allowances(t)
+	}
+	ls.shares.def.Store(ls.shares.def.Load().with(t, share, per, g))
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, per, g) }, t)
+	if !split {
+		return Release{}, nil
+	}
+	// The new share is stored: a check that still uses the old one holds
+	// its shard's lock, which windowUse waits for.
+	after := ls.allowances(t)
+	start := t - t%per
+	u := e.table.windowUse(ls.shares.id, start)
+	r := math.Inf(1)
+	for h, b := range before {
+		if a, ok := after[h]; ok {
+			r = min(r, b-max(a, u))
+		}
+	}
+	if !(r > 0) || math.IsInf(r, 1) {
+		return Release{}, nil
+	}
+	return Release{Window: start, Value: r}, nil
+}
+
+// allowances is what the default vector (at 0, which no key hashes to)
+// and each key following it may use at now (shareHist.forCheck). The
+// caller holds the engine's mu.
+func (ls *limitState) allowances(now int64) map[uint64]float64 {
+	m := map[uint64]float64{0: ls.shares.def.Load().forCheck(ls.base, now)}
+	if ls.shares.following == 0 {
+		return m
+	}
+	for h, ks := range *ls.shares.keys.Load() {
+		if ks.follow && ks.until > now {
+			m[h] = ks.hist.forCheck(ls.base, now)
+		}
+	}
+	return m
+}
+
+// AddExtra adds x to the window of the region's default share of a limit
+// that x names, for the keys that follow it: drawn from releases
+// (MoveShare) of the same window, it is usable until x.Until, never above
+// the share in force. It adds nothing to a window in which the share did
+// not change, to a limit that is not a split-mode sliding window, or
+// once the window has ended.
+func (e *Engine) AddExtra(now time.Time, domain, limit string, x Extra) error {
+	ls, err := e.limitFor(domain, limit, 0)
+	if err != nil {
+		return err
+	}
+	if !(x.Value >= 0 && x.Value <= 1) {
+		return fmt.Errorf("%w: an extra of %v is outside [0, 1]", ErrBadShare, x.Value)
+	}
+	per := ls.windowPer()
+	if per <= 0 || ls.l.Mode != allot.Split || now.UnixNano() >= min(x.Until, x.Window+per) {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ls.shares.def.Store(ls.shares.def.Load().withExtra(x))
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.withExtra(x) }, now.UnixNano())
+	return nil
+}
