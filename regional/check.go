@@ -471,8 +471,8 @@ func (t *table) freshSlot(s *slot, w *work, shared bool, now int64) {
 		return
 	}
 	t.shards[shardOf(w.key)].remake(s, now, w.ls.shares.hist(w.key), w.base, w.p, w.ls.changeFor(w.base))
-	t.restoreSlot(s, w, now)                             // persisted long windows (persist.go)
-	t.shards[shardOf(w.key)].noteWindow(w.ls, w.base, s) // a recalled key's count (MoveShare)
+	t.restoreSlot(s, w, now) // persisted long windows (persist.go)
+	t.noteWindow(w, s)       // a recalled key's count (MoveShare)
 	if p := w.p; p.spentAt > 0 && p.alg != allot.SlidingWindow {
 		setTokens(s, min(p.spentAt, now), 0, p) // a fallback's new key: empty when it began
 	}

@@ -603,11 +603,17 @@ func (e *Engine) SetShare(now time.Time, domain, limit string, share float64) er
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	t := now.UnixNano()
-	g := e.guard.Load()
-	ls.shares.def.Store(ls.shares.def.Load().with(t, share, ls.windowPer(), g))
-	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, ls.windowPer(), g) }, t)
+	ls.setDefault(now.UnixNano(), share, e.guard.Load())
 	return nil
+}
+
+// setDefault puts share in force from t for the limit's default vector
+// and the keys that follow it, under the window guard g. The caller
+// holds the engine's mu.
+func (ls *limitState) setDefault(t int64, share float64, g int64) {
+	per := ls.windowPer()
+	ls.shares.def.Store(ls.shares.def.Load().with(t, share, per, g))
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, per, g) }, t)
 }
 
 // windowPer is the period a limit's share histories count windows in: its

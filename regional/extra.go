@@ -46,9 +46,10 @@ type winUse struct {
 }
 
 // noteWindow records that the sliding-window key in s, of ls, with the
-// unshared parameters base, counts s.a in the window that starts at s.t. A key whose period is
-// not its limit's counts as having spent all: its windows are not the
-// ones a release names. The caller holds the shard's lock.
+// unshared parameters base, counts s.a in the window that starts at s.t.
+// A key whose period is not its limit's counts as having spent all: its
+// windows are not the ones a release names. The caller holds the shard's
+// lock.
 func (sh *shard) noteWindow(ls *limitState, base params, s *slot) {
 	id := ls.shares.id
 	if id < 0 || base.alg != allot.SlidingWindow || ls.l.Mode != allot.Split {
@@ -132,7 +133,7 @@ func (e *Engine) MoveShare(now time.Time, domain, limit string, share float64) (
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	t := now.UnixNano()
-	per, g := ls.windowPer(), e.guard.Load()
+	per := ls.windowPer()
 	// A persisted long window may hold restored counts of keys not
 	// touched since (persist.go), which windowUse does not see: it
 	// releases nothing.
@@ -141,8 +142,7 @@ func (e *Engine) MoveShare(now time.Time, domain, limit string, share float64) (
 	if split {
 		before = ls.allowances(t)
 	}
-	ls.shares.def.Store(ls.shares.def.Load().with(t, share, per, g))
-	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.with(t, share, per, g) }, t)
+	ls.setDefault(t, share, e.guard.Load())
 	if !split {
 		return Release{}, nil
 	}
@@ -181,8 +181,8 @@ func (ls *limitState) allowances(now int64) map[uint64]float64 {
 
 // AddExtra adds x to the window of the region's default share of a limit
 // that x names, for the keys that follow it: drawn from releases
-// (MoveShare) of the same window, it is usable until x.Until, never above
-// the share in force. It adds nothing to a window in which the share did
+// (MoveShare) of the same window, it is usable from x.From until
+// x.Until, never above the share in force. It adds nothing to a window in which the share did
 // not change, to a limit that is not a split-mode sliding window, or
 // once the window has ended.
 func (e *Engine) AddExtra(now time.Time, domain, limit string, x Extra) error {
