@@ -146,6 +146,10 @@ func (e *Engine) MoveShare(now time.Time, domain, limit string, share float64) (
 	if !split {
 		return Release{}, nil
 	}
+	// What is released is given up at once, past the window guard too
+	// (which would otherwise keep the window at its early share).
+	ls.shares.def.Store(ls.shares.def.Load().givenUp(t))
+	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.givenUp(t) }, t)
 	// The new share is stored: a check that still uses the old one holds
 	// its shard's lock, which windowUse waits for.
 	after := ls.allowances(t)
@@ -177,6 +181,17 @@ func (ls *limitState) allowances(now int64) map[uint64]float64 {
 		}
 	}
 	return m
+}
+
+// givenUp returns a copy of h whose window at now uses at most the share
+// in force from now on, even past the window guard: a lowering by
+// MoveShare gives up its part of the window at once.
+func (h *shareHist) givenUp(now int64) *shareHist {
+	c := *h
+	if c.per > 0 && now/c.per == c.win {
+		c.early = min(c.early, c.current())
+	}
+	return &c
 }
 
 // AddExtra adds x to the window of the region's default share of a limit

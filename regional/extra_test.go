@@ -144,3 +144,44 @@ func TestAddExtraRefusesBadInput(t *testing.T) {
 		t.Fatalf("admitted %d after refused extras", got)
 	}
 }
+
+// TestMoveShareReleasesPastTheWindowGuard: in windows of a minute and
+// more the window guard keeps a window at the share in force in its first
+// 500 ms, so a lowering later in the window would give nothing up and
+// allowance could not move until the window ends. MoveShare gives its
+// release up at once: the giver stops at the new share, the receiver
+// spends exactly the rest.
+func TestMoveShareReleasesPastTheWindowGuard(t *testing.T) {
+	cfg := mustConfig(t, "domain: api\nregions: [a, b]\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 100/1m, algorithm: sliding_window}\n")
+	a, b := New(cfg, Options{}), New(cfg, Options{})
+	for e, s := range map[*Engine]float64{a: 1, b: 0} {
+		e.SetWindowGuard(500 * time.Millisecond)
+		if err := e.ResetShare("api", "l", s, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := t0.Add(10 * time.Minute).Truncate(time.Minute) // a window's start
+	if got := admitN(t, a, start.Add(time.Second), "1", 30); got != 30 {
+		t.Fatalf("a admitted %d of 30", got)
+	}
+	now := start.Add(10 * time.Second) // well past the guard
+	rel, err := a.MoveShare(now, "api", "l", 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rel.Window != start.UnixNano() || math.Abs(rel.Value-0.5) > 1e-9 {
+		t.Fatalf("released %+v past the guard, want 0.5 of the window at %d", rel, start.UnixNano())
+	}
+	if err := b.SetShare(now, "api", "l", 0.5); err != nil {
+		t.Fatal(err)
+	}
+	x := Extra{Window: rel.Window, Value: rel.Value, From: rel.Window, Until: rel.Window + int64(time.Minute)}
+	if err := b.AddExtra(now, "api", "l", x); err != nil {
+		t.Fatal(err)
+	}
+	later := now.Add(time.Second)
+	ga, gb := admitN(t, a, later, "1", 100), admitN(t, b, later, "1", 100)
+	if ga != 20 || gb != 50 {
+		t.Fatalf("after the move a admitted %d more (want 20) and b %d (want 50): the window holds %d, want L = 100", ga, gb, 30+ga+gb)
+	}
+}
