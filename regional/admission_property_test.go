@@ -22,8 +22,10 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // once, raises only later (the demarcation: shares in force never sum
 // above 1; a sliding window's lowering releases what it will not spend
 // of its window to a pool that raises draw in-window extras from,
-// Engine.MoveShare and Engine.AddExtra) — for the limit's default and for a hot key that is promoted
-// and retired. Between rebalances, instances restart (a new engine that
+// Engine.MoveShare and Engine.AddExtra; the hot key's own share, to a
+// pool of its own that raises draw what they want from, MoveKeyShares and
+// Wants) — for the limit's default and for a hot key that is promoted and
+// retired. Between rebalances, instances restart (a new engine that
 // holds its share from its grant on), keys are swept and made again,
 // peers lend to each other, the limit's L (and a bucket's burst) is
 // lowered or raised, reaching each instance at its own time within a
@@ -53,7 +55,7 @@ var admissionRuns = flag.Int("admission.runs", 2000, "runs of TestAdmissionsStay
 // region and one clock) and the store's fallback.
 func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 	runs := *admissionRuns
-	var events [11]int
+	var events [12]int
 	start := time.Now()
 	for seed := range uint64(runs) {
 		d := &draw{rand.New(rand.NewPCG(seed, 0x616c6c6f74))}
@@ -67,8 +69,8 @@ func TestAdmissionsStayWithinTheLimit(t *testing.T) {
 			events[k] += n
 		}
 	}
-	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active, %d instances cut off, %d reconnected, %d in-window extras",
-		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7], events[8], events[9], events[10])
+	t.Logf("%d runs in %v: %d admitted, %d rebalances, %d hot-key changes, %d restarts, %d sweeps, %d loans credited, %d limit changes, %d keys evicted while active, %d instances cut off, %d reconnected, %d in-window extras, %d of them the hot key's",
+		runs, time.Since(start).Round(time.Millisecond), events[0], events[1], events[2], events[3], events[4], events[5], events[6], events[7], events[8], events[9], events[10]+events[11], events[11])
 }
 
 // draw draws a run's choices from a seeded source.
@@ -149,7 +151,8 @@ type admissionRun struct {
 	raises   []pendingRaise
 	admitted []admission
 	pool     map[int64]float64 // released allowance, by window start (move)
-	events   [11]int
+	keyPool  map[int64]float64 // the same, of the hot key's own share (moveKey)
+	events   [12]int
 	dec      allot.Decision
 }
 
@@ -202,7 +205,7 @@ func newAdmissionRun(t testing.TB, d *draw) *admissionRun {
 		amount, period.Milliseconds(), burstField, alg)
 	r := &admissionRun{cfg: mustConfig(t, src), amount: float64(amount), burst: float64(burst), period: int64(period),
 		regions: regions, peers: len(regions) > 1 && d.bool(), now: t0.UnixNano(), steps: d.int(20, 250),
-		pool: map[int64]float64{}}
+		pool: map[int64]float64{}, keyPool: map[int64]float64{}}
 	r.alg = r.cfg.Domains[0].Limits[0].Algorithm
 	// From ten steps a window to a thousand.
 	r.rebal = r.period / int64([]int{10, 100, 1000}[d.int(0, 2)])
@@ -318,10 +321,10 @@ func (r *admissionRun) apply(t testing.TB, p pendingRaise) {
 		err = h.e.SetShare(r.clock(h), "api", "l", p.to)
 	case p.retire:
 		h.own = false
-		err = h.e.SetKeyShares(r.clock(h), "api", "l", []KeyShare{{Key: r.keyName(), Share: -1}})
+		err = r.moveKey(h, -1)
 	default:
 		h.key, h.own = p.to, true
-		err = h.e.SetKeyShares(r.clock(h), "api", "l", []KeyShare{{Key: r.keyName(), Share: p.to}})
+		err = r.moveKey(h, p.to)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -353,6 +356,39 @@ func (r *admissionRun) move(h *admissionHolder, to float64) error {
 	r.pool[ws] -= x.Value
 	r.events[10]++
 	r.tracef("holder %p: extra %+v", h, x)
+	return h.e.AddExtra(now, "api", "l", x)
+}
+
+// moveKey puts the hot key's own share in force at h (to < 0: it follows
+// the default again) as the coordinator does: a sliding window's lowering
+// releases what the key will not spend of its window to the key's pool
+// (Engine.MoveKeyShares), and a raise adds what the holder then wants of
+// the window (Engine.Wants) as an extra for the key, while the pool lasts.
+func (r *admissionRun) moveKey(h *admissionHolder, to float64) error {
+	now := r.clock(h)
+	ks := []KeyShare{{Key: r.keyName(), Share: to}}
+	if r.alg != allot.SlidingWindow {
+		return h.e.SetKeyShares(now, "api", "l", ks)
+	}
+	rels, err := h.e.MoveKeyShares(now, "api", "l", ks)
+	if err != nil {
+		return err
+	}
+	for _, rel := range rels {
+		r.keyPool[rel.Window] += rel.Value
+		r.tracef("holder %p: key released %.4f of window %d", h, rel.Value, rel.Window)
+	}
+	w, err := h.e.Wants(now, "api", "l", r.keyName())
+	if err != nil || w.Value <= 0 {
+		return err
+	}
+	x := Extra{Key: r.keyName(), Window: w.Window, Value: min(w.Value, r.keyPool[w.Window]), From: w.Window + 2*r.skew, Until: w.Window + r.period - 2*r.skew}
+	if x.Value <= 0 {
+		return nil
+	}
+	r.keyPool[w.Window] -= x.Value
+	r.events[11]++
+	r.tracef("holder %p: key extra %+v", h, x)
 	return h.e.AddExtra(now, "api", "l", x)
 }
 

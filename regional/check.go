@@ -217,6 +217,9 @@ func (e *Engine) plan(now time.Time, domain string, items []Item, o op, dec *all
 			switch {
 			case it.Limit != nil:
 				eff = allot.Effective{Rate: *it.Limit, Burst: it.Limit.Amount}
+				if !w.ls.shares.ownRates.Load() {
+					w.ls.shares.ownRates.Store(true)
+				}
 			case !l.Unlimited:
 				eff = ds.d.Effective(l, it.Descriptor, now)
 			}

@@ -192,6 +192,9 @@ type limitShares struct {
 	// persist is the state of its long windows' marks, once gated
 	// (persist.go).
 	persist atomic.Pointer[limitPersist]
+	// ownRates: a request brought its own rate for a key of the limit
+	// (Item.Limit), whose count the limit's rate does not measure.
+	ownRates atomic.Bool
 }
 
 // keyShare is a hot key's own share. A key that goes back to its limit's

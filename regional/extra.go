@@ -2,6 +2,7 @@ package regional
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"time"
 
@@ -20,8 +21,11 @@ import (
 
 // Release is what a share change gave up of the window holding it: Value,
 // a fraction of the limit (of every key's own limit), in the window that
-// starts at Window (unix ns, the engine's clock). Zero Value: nothing.
+// starts at Window (unix ns, the engine's clock). Zero Value: nothing. Key
+// names the hot key (KeyString) whose own share gave it up; empty, the
+// limit's default vector and the keys that follow it.
 type Release struct {
+	Key    string
 	Window int64
 	Value  float64
 }
@@ -31,8 +35,11 @@ type Release struct {
 // From until Until (unix ns, within the window), never above the share in
 // force. A holder whose clock may be off by e uses [Window + 2e, window's
 // end − 2e): whatever its clock reads then, true time is within the
-// window whose allowance was released.
+// window whose allowance was released. Key names the hot key whose own
+// share it adds to (a key that follows the default takes none); empty,
+// the default vector and the keys that follow it.
 type Extra struct {
+	Key         string
 	Window      int64
 	Value       float64
 	From, Until int64
@@ -134,10 +141,7 @@ func (e *Engine) MoveShare(now time.Time, domain, limit string, share float64) (
 	defer e.mu.Unlock()
 	t := now.UnixNano()
 	per := ls.windowPer()
-	// A persisted long window may hold restored counts of keys not
-	// touched since (persist.go), which windowUse does not see: it
-	// releases nothing.
-	split := per > 0 && ls.l.Mode == allot.Split && ls.shares.id >= 0 && ls.shares.persist.Load() == nil
+	split := ls.moves()
 	var before map[uint64]float64
 	if split {
 		before = ls.allowances(t)
@@ -165,6 +169,136 @@ func (e *Engine) MoveShare(now time.Time, domain, limit string, share float64) (
 		return Release{}, nil
 	}
 	return Release{Window: start, Value: r}, nil
+}
+
+// moves reports whether ls's allowance may move within a window: a
+// split-mode sliding window. A persisted long window may hold restored
+// counts of keys not touched since (persist.go), which windowUse does not
+// see: it releases nothing.
+func (ls *limitState) moves() bool {
+	return ls.windowPer() > 0 && ls.l.Mode == allot.Split && ls.shares.id >= 0 && ls.shares.persist.Load() == nil
+}
+
+// MoveKeyShares sets the shares of hot keys of one limit, as SetKeyShares
+// does, and returns what their lowerings gave up of the window holding
+// now in a split-mode sliding window, one Release per key: what the key
+// might still have admitted in it at its share before, less what it may
+// admit at its share after and less what it has admitted already. A key
+// that goes back to the default releases what its own share gave up.
+// Nothing is set when an error is returned.
+func (e *Engine) MoveKeyShares(now time.Time, domain, limit string, shares []KeyShare) ([]Release, error) {
+	ls, hs, err := e.keyShares(domain, limit, shares)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t, g := now.UnixNano(), e.guard.Load()
+	if !ls.moves() {
+		ls.setKeyShares(t, g, hs, shares, nil)
+		return nil, nil
+	}
+	before := make([]float64, len(hs))
+	for i, h := range hs {
+		before[i] = ls.shares.hist(h).forCheck(ls.base, t)
+	}
+	// What is released is given up at once, past the window guard too.
+	ls.setKeyShares(t, g, hs, shares, func(h *shareHist) *shareHist { return h.givenUp(t) })
+	start := t - t%ls.windowPer()
+	var out []Release
+	u := math.NaN()
+	for i, h := range hs {
+		after := ls.shares.hist(h).forCheck(ls.base, t)
+		if !(before[i] > after) {
+			continue
+		}
+		if math.IsNaN(u) { // the new shares are stored: see MoveShare
+			u = e.table.windowUse(ls.shares.id, start)
+		}
+		if r := before[i] - max(after, e.keyUse(domain, ls, h, shares[i].Key, start, now, u)); r > 0 && !math.IsInf(r, 0) {
+			out = append(out, Release{Key: shares[i].Key, Window: start, Value: r})
+		}
+	}
+	return out, nil
+}
+
+// keyUse is what the key of ls named key (hash h) has admitted in the
+// window that starts at start, as a fraction of its own limit; u, the
+// most any key of the limit has (windowUse), where that is not known: the
+// key is not in the table (evicted), a request brought its own rate for
+// the limit, or its period is not the limit's.
+func (e *Engine) keyUse(domain string, ls *limitState, h uint64, key string, start int64, now time.Time, u float64) float64 {
+	ds := e.cfg.Load().domain(domain)
+	_, d, err := ParseKeyString(key)
+	if err != nil || ds == nil || ls.shares.ownRates.Load() {
+		return u
+	}
+	base := ls.base
+	if eff := ds.d.Effective(ls.l, d, now); eff.Rate != ls.l.Rate || eff.Burst != ls.l.Burst {
+		base = baseParams(ls.l, eff)
+	}
+	if base.period != ls.base.period || !(base.amount > 0) {
+		return u
+	}
+	sh := &e.table.shards[shardOf(h)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i := sh.find(h)
+	if i < 0 {
+		return u
+	}
+	switch s := sh.slots[i]; {
+	case s.t == start:
+		return s.a / base.amount
+	case s.t < start:
+		return 0 // not counted in this window yet
+	}
+	return u
+}
+
+// Wants returns what the share in force of a split-mode sliding window
+// (key empty: the limit's default; otherwise the hot key's own) may not
+// use of the window holding now, because a raise counts from the next
+// window: the share less what the window allows. Allowance released of
+// the same window elsewhere may make it up (AddExtra). Zero Value: none.
+func (e *Engine) Wants(now time.Time, domain, limit, key string) (Release, error) {
+	ls, err := e.limitFor(domain, limit, 0)
+	if err != nil || !ls.moves() {
+		return Release{}, err
+	}
+	h := ls.shares.def.Load()
+	if key != "" {
+		kh, err := e.keyOf(ls, key)
+		if err != nil {
+			return Release{}, err
+		}
+		ks := ls.ownShare(kh)
+		if ks == nil {
+			return Release{}, nil // it follows the default
+		}
+		h = ks.hist
+	}
+	t := now.UnixNano()
+	per := ls.windowPer()
+	v := h.current() - h.forCheck(ls.base, t)
+	if h.xwin == t/per && t < h.xfrom {
+		v -= h.extra // added already, usable from xfrom
+	}
+	if !(v > 1e-12) {
+		return Release{}, nil
+	}
+	return Release{Key: key, Window: t - t%per, Value: v}, nil
+}
+
+// ownShare returns the hot key h's own share in ls, or nil if it has none
+// (it follows the default).
+func (ls *limitState) ownShare(h uint64) *keyShare {
+	if m := ls.shares.keys.Load(); m != nil {
+		if ks := (*m)[h]; ks != nil && !ks.follow {
+			return ks
+		}
+	}
+	return nil
 }
 
 // allowances is what the default vector (at 0, which no key hashes to)
@@ -212,8 +346,24 @@ func (e *Engine) AddExtra(now time.Time, domain, limit string, x Extra) error {
 	if per <= 0 || ls.l.Mode != allot.Split || now.UnixNano() >= min(x.Until, x.Window+per) {
 		return nil
 	}
+	var kh uint64
+	if x.Key != "" {
+		if kh, err = e.keyOf(ls, x.Key); err != nil {
+			return err
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if x.Key != "" {
+		ks := ls.ownShare(kh)
+		if ks == nil {
+			return nil // it follows the default: it takes none
+		}
+		m := maps.Clone(*ls.shares.keys.Load())
+		m[kh] = &keyShare{name: ks.name, hist: ks.hist.withExtra(x)}
+		ls.shares.keys.Store(&m)
+		return nil
+	}
 	ls.shares.def.Store(ls.shares.def.Load().withExtra(x))
 	ls.follow(func(ks *keyShare) *shareHist { return ks.hist.withExtra(x) }, now.UnixNano())
 	return nil

@@ -185,3 +185,120 @@ func TestMoveShareReleasesPastTheWindowGuard(t *testing.T) {
 		t.Fatalf("after the move a admitted %d more (want 20) and b %d (want 50): the window holds %d, want L = 100", ga, gb, 30+ga+gb)
 	}
 }
+
+// TestMoveKeySharesMovesWhatAHotKeyLeftUnspent: the same for a hot key's
+// own share. a holds all of key 1 and has spent some of the window; it
+// lowers the key to half and releases what the key will not spend; b,
+// raised to half, wants the half it may not use before the next window,
+// and an extra of what a released makes the window hold exactly L of the
+// key, whatever a had spent. Another key, or the default vector, takes
+// none of it.
+func TestMoveKeySharesMovesWhatAHotKeyLeftUnspent(t *testing.T) {
+	cfg := mustConfig(t, "domain: api\nregions: [a, b]\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 100/10s, algorithm: sliding_window}\n")
+	const k1, k2 = "l:user=1", "l:user=2"
+	for _, spent := range []int{30, 70} {
+		a, b := New(cfg, Options{}), New(cfg, Options{})
+		for e, s := range map[*Engine]float64{a: 1, b: 0} {
+			if err := e.ResetShare("api", "l", s, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.SetKeyShares(t0, "api", "l", []KeyShare{{Key: k1, Share: s}, {Key: k2, Share: s}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := t0.Add(100 * time.Second)
+		if got := admitN(t, a, start.Add(time.Second), "1", spent); got != spent {
+			t.Fatalf("a admitted %d of %d", got, spent)
+		}
+		now := start.Add(2 * time.Second)
+		rels, err := a.MoveKeyShares(now, "api", "l", []KeyShare{{Key: k1, Share: 0.5}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 1 - math.Max(0.5, float64(spent)/100)
+		if len(rels) != 1 || rels[0].Key != k1 || rels[0].Window != start.UnixNano() || math.Abs(rels[0].Value-want) > 1e-9 {
+			t.Fatalf("spent %d: released %+v, want %.2f of key 1's window at %d", spent, rels, want, start.UnixNano())
+		}
+		if err := b.SetKeyShares(now, "api", "l", []KeyShare{{Key: k1, Share: 0.5}, {Key: k2, Share: 0.5}}); err != nil {
+			t.Fatal(err)
+		}
+		w, err := b.Wants(now, "api", "l", k1)
+		if err != nil || w.Window != start.UnixNano() || math.Abs(w.Value-0.5) > 1e-9 {
+			t.Fatalf("b wants %+v (%v), want 0.5 of the window at %d", w, err, start.UnixNano())
+		}
+		if w, _ := b.Wants(now, "api", "l", ""); w.Value != 0 {
+			t.Fatalf("b's default, not raised, wants %+v", w)
+		}
+		x := Extra{Key: k1, Window: rels[0].Window, Value: rels[0].Value, From: rels[0].Window, Until: rels[0].Window + int64(10*time.Second)}
+		if err := b.AddExtra(now, "api", "l", x); err != nil {
+			t.Fatal(err)
+		}
+		if w, _ := b.Wants(now, "api", "l", k1); math.Abs(w.Value-(0.5-want)) > 1e-9 {
+			t.Fatalf("after an extra of %.2f b wants %+v, want %.2f", want, w, 0.5-want)
+		}
+		later := now.Add(time.Second)
+		total := spent + admitN(t, a, later, "1", 100) + admitN(t, b, later, "1", 100)
+		if total != 100 {
+			t.Fatalf("spent %d first: key 1's window admitted %d over both instances, want L = 100", spent, total)
+		}
+		if got := admitN(t, b, later, "2", 100); got != 0 {
+			t.Fatalf("key 2 admitted %d at b from key 1's extra", got)
+		}
+		if got := admitN(t, b, later, "3", 100); got != 0 {
+			t.Fatalf("a key following the default admitted %d at b from key 1's extra", got)
+		}
+	}
+}
+
+// TestMoveKeySharesKeepsWhatWasSpent: a hot key that spent its share
+// releases nothing when lowered, nor does a raise; a key that goes back
+// to the default releases what its own share gave up; an extra for a key
+// that follows the default is not taken.
+func TestMoveKeySharesKeepsWhatWasSpent(t *testing.T) {
+	cfg := mustConfig(t, "domain: api\nregions: [a, b]\nlimits:\n  - {name: l, match: {user: \"*\"}, rate: 100/10s, algorithm: sliding_window}\n")
+	const k1 = "l:user=1"
+	e := New(cfg, Options{})
+	if err := e.ResetShare("api", "l", 0.2, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetKeyShares(t0, "api", "l", []KeyShare{{Key: k1, Share: 0.6}}); err != nil {
+		t.Fatal(err)
+	}
+	start := t0.Add(100 * time.Second)
+	if got := admitN(t, e, start, "1", 100); got != 60 {
+		t.Fatalf("admitted %d", got)
+	}
+	if rels, _ := e.MoveKeyShares(start.Add(time.Second), "api", "l", []KeyShare{{Key: k1, Share: 0.3}}); len(rels) != 0 {
+		t.Fatalf("a key that spent its share released %+v", rels)
+	}
+	if rels, _ := e.MoveKeyShares(start.Add(2*time.Second), "api", "l", []KeyShare{{Key: k1, Share: 0.5}}); len(rels) != 0 {
+		t.Fatalf("a raise released %+v", rels)
+	}
+	f := New(cfg, Options{})
+	if err := f.ResetShare("api", "l", 0.2, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetKeyShares(t0, "api", "l", []KeyShare{{Key: k1, Share: 0.6}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := admitN(t, f, start, "1", 10); got != 10 {
+		t.Fatalf("admitted %d", got)
+	}
+	rels, err := f.MoveKeyShares(start.Add(time.Second), "api", "l", []KeyShare{{Key: k1, Share: -1}})
+	if err != nil || len(rels) != 1 || math.Abs(rels[0].Value-0.4) > 1e-9 {
+		t.Fatalf("a key back to the default (0.2) after 10 of 60 released %+v (%v), want 0.4", rels, err)
+	}
+	if got := admitN(t, f, start.Add(2*time.Second), "1", 100); got != 10 {
+		t.Fatalf("the key admitted %d more, want the default's 20 less the 10 it spent", got)
+	}
+	x := Extra{Key: k1, Window: start.UnixNano(), Value: 0.5, From: start.UnixNano(), Until: start.Add(10 * time.Second).UnixNano()}
+	if err := f.AddExtra(start.Add(2*time.Second), "api", "l", x); err != nil {
+		t.Fatal(err)
+	}
+	if got := admitN(t, f, start.Add(3*time.Second), "1", 100); got != 0 {
+		t.Fatalf("a key that follows the default admitted %d from an extra of its own", got)
+	}
+	if _, err := f.MoveKeyShares(start, "api", "l", []KeyShare{{Key: "l:nouser=1", Share: 0.5}}); !errors.Is(err, ErrBadDescriptor) {
+		t.Fatalf("a key of another shape: %v", err)
+	}
+}

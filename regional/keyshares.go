@@ -17,27 +17,47 @@ type KeyShare struct {
 // keys costs O(K) instead of O(K²). Nothing is set when an error is
 // returned.
 func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyShare) error {
-	ls, err := e.limitFor(domain, limit, 0)
+	ls, hs, err := e.keyShares(domain, limit, shares)
 	if err != nil {
 		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ls.setKeyShares(now.UnixNano(), e.guard.Load(), hs, shares, nil)
+	return nil
+}
+
+// keyShares checks shares of hot keys of one limit and returns the limit
+// and the keys' hashes.
+func (e *Engine) keyShares(domain, limit string, shares []KeyShare) (*limitState, []uint64, error) {
+	ls, err := e.limitFor(domain, limit, 0)
+	if err != nil {
+		return nil, nil, err
 	}
 	hs := make([]uint64, len(shares))
 	for i, s := range shares {
 		if _, err := e.limitFor(domain, limit, max(s.Share, 0)); err != nil {
-			return err
+			return nil, nil, err
 		}
 		if hs[i], err = e.keyOf(ls, s.Key); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	return ls, hs, nil
+}
+
+// setKeyShares puts shares (of keys hs) in force from t under the window
+// guard g; edit, if not nil, may change each new history before it is
+// stored. The caller holds the engine's mu.
+func (ls *limitState) setKeyShares(t, g int64, hs []uint64, shares []KeyShare, edit func(*shareHist) *shareHist) {
+	if edit == nil {
+		edit = func(h *shareHist) *shareHist { return h }
+	}
 	old := ls.shares.keys.Load()
 	m := make(map[uint64]*keyShare, len(shares))
 	if old != nil {
 		maps.Copy(m, *old)
 	}
-	t, g := now.UnixNano(), e.guard.Load()
 	def := ls.shares.def.Load()
 	for i, s := range shares {
 		ks := m[hs[i]]
@@ -45,7 +65,7 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 		case s.Share < 0 && (ks == nil || ks.follow):
 			continue // follows the default already
 		case s.Share < 0: // retired: it follows the default from now
-			m[hs[i]] = &keyShare{name: s.Key, hist: ks.hist.with(t, def.current(), ls.windowPer(), g), follow: true, until: t + ls.base.period}
+			m[hs[i]] = &keyShare{name: s.Key, hist: edit(ks.hist.with(t, def.current(), ls.windowPer(), g)), follow: true, until: t + ls.base.period}
 			ls.shares.following++
 			continue
 		}
@@ -56,7 +76,7 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 				ls.shares.following--
 			}
 		}
-		m[hs[i]] = &keyShare{name: s.Key, hist: prev.with(t, s.Share, ls.windowPer(), g)}
+		m[hs[i]] = &keyShare{name: s.Key, hist: edit(prev.with(t, s.Share, ls.windowPer(), g))}
 	}
 	if ls.shares.following > 0 { // m is this call's own copy: drop the ones retired long enough
 		for h, ks := range m {
@@ -67,5 +87,4 @@ func (e *Engine) SetKeyShares(now time.Time, domain, limit string, shares []KeyS
 		}
 	}
 	ls.shares.keys.Store(&m)
-	return nil
 }
