@@ -42,6 +42,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=30s ./crdt
 	$(GO) test -run='^$$' -fuzz=FuzzCheckItems -fuzztime=30s ./regional
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMessage -fuzztime=30s ./regional/peersync
+	$(GO) test -run='^$$' -fuzz=FuzzFleetAck -fuzztime=30s ./coordinator/wire
 
 ## sim: run every simulator scenario; reports and plots in sim/out/NAME
 sim:

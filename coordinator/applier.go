@@ -25,6 +25,7 @@ type Applier struct {
 	defaults map[string]float64 // by limit
 	order    []string           // the limits, in configuration order
 	keys     map[keyID]float64  // hot keys' own shares
+	keyed    map[string]int     // len(keys) by limit
 }
 
 type keyID struct{ limit, key string }
@@ -41,7 +42,7 @@ func NewApplier(d *allot.Domain, region string, snap Snapshot) (*Applier, error)
 		return nil, fmt.Errorf("%w: region %q is not a region of domain %q", ErrBadConfig, region, d.Name)
 	}
 	a := &Applier{domain: d.Name, region: region, term: snap.Term, version: snap.Version,
-		defaults: make(map[string]float64, len(d.Limits)), keys: map[keyID]float64{}}
+		defaults: make(map[string]float64, len(d.Limits)), keys: map[keyID]float64{}, keyed: map[string]int{}}
 	for _, l := range d.Limits {
 		a.defaults[l.Name] = InitialShares(l.Floors, d.Regions)[i]
 		a.order = append(a.order, l.Name)
@@ -145,8 +146,14 @@ func (a *Applier) set(s Share) bool {
 	id := keyID{s.Limit, s.Key}
 	old, had := a.keys[id]
 	if s.Value == Follow {
-		delete(a.keys, id)
+		if had {
+			delete(a.keys, id)
+			a.keyed[s.Limit]--
+		}
 		return had
+	}
+	if !had {
+		a.keyed[s.Limit]++
 	}
 	a.keys[id] = s.Value
 	return !had || old != s.Value

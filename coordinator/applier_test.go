@@ -59,7 +59,7 @@ func TestApplier(t *testing.T) {
 		if err == nil {
 			wantAck = Ack{Domain: "api", Region: "us", Term: tt.m.Term, Version: tt.m.Version}
 		}
-		if ack != wantAck {
+		if !reflect.DeepEqual(ack, wantAck) {
 			t.Fatalf("%s: ack %+v, want %+v", tt.name, ack, wantAck)
 		}
 		if got, want := [2]float64{a.Share("per-user", ""), a.Share("per-user", key42)}, [2]float64{tt.def, tt.key}; got != want {

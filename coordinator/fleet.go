@@ -138,8 +138,33 @@ type Fleet struct {
 	// region's hold ends. A region whose holders are not all known (a
 	// legacy instance, or a quiet period) is not in it.
 	goneIn map[string]map[string]bool
-	stats  FleetStats
+	// pool is, by limit and hot key (empty: the default vector), what
+	// instances released of the current window of a Weighted limit with a
+	// long window (docs/adr/0005) that no grant has handed out yet. A
+	// window no longer than the period begins again before the next
+	// rebalance: moving allowance within it is not worth a message.
+	pool map[keyID]pooled
+	// wanters are, by limit and key, the instances with a want of it, in
+	// the order their wants came.
+	wanters map[keyID][]*fleetInstance
+	// keyed is, by Weighted limit, the latest instant (unix ns) a hot key
+	// of it was given a share of its own in a region, or lost one, or lost
+	// a weight of its own at an instance: see movable.
+	keyed []int64
+	stats FleetStats
 }
+
+// pooled is allowance of one window of a Weighted sliding-window limit,
+// a fraction of the limit: released by instances (Ack.Released), not yet
+// handed out as extras (Grant.Extras).
+type pooled struct {
+	win   int64 // the window's start (unix ns)
+	value float64
+}
+
+// maxPooled bounds the limits and hot keys a Fleet pools releases of, and
+// those each instance is known to want allowance for.
+const maxPooled = 1 << 16
 
 // FleetStats are a Fleet's counters and gauges, for metrics.
 type FleetStats struct {
@@ -176,6 +201,7 @@ type fleetRegion struct {
 	// the order they appeared, for passes in a fixed order.
 	keys    map[keyID]*fleetKey
 	keyList []*fleetKey
+	nkeys   []int // len(keyList) by Weighted limit
 	// restVer counts the changes of rest factors; restMin is the latest
 	// one that every instance that may hold share has acked (as of the
 	// latest moveKeys).
@@ -229,6 +255,9 @@ type fleetInstance struct {
 	restAcked uint64
 	restSent  []seqVer
 	moved     bool // scratch of moveWeights: it needs a grant
+	// wants is what it wants of the current window of Weighted limits
+	// (Ack.Wanted), by limit and hot key, less the extras sent since.
+	wants map[keyID]pooled
 }
 
 type seqVer struct{ seq, ver uint64 }
@@ -344,6 +373,12 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 			f.long = append(f.long, w)
 		}
 	}
+	// A new leader pools nothing, and from the next window only: what an
+	// earlier one granted of this one it does not know.
+	f.pool, f.wanters, f.keyed = map[keyID]pooled{}, map[keyID][]*fleetInstance{}, make([]int64, len(f.weighted))
+	for j := range f.keyed {
+		f.keyed[j] = now.UnixNano()
+	}
 	// An earlier leader persisted records (Term) or at least whom it
 	// granted (Members: a Ready of members only writes no Term).
 	earlier := snap.Term > 0 || snap.Members != nil
@@ -354,7 +389,7 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 			return nil, err
 		}
 		fr := &fleetRegion{name: r, byID: map[string]*fleetInstance{}, shares: app, since: map[string]time.Time{}, fresh: fresh,
-			keys: map[keyID]*fleetKey{}}
+			keys: map[keyID]*fleetKey{}, nkeys: make([]int, len(f.weighted))}
 		for _, l := range f.limits {
 			if !fresh {
 				fr.since[l] = now.Add(cfg.MaxSkew) // not known: from now on
@@ -652,7 +687,16 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 			return Ready{}, fmt.Errorf("%w: %s/%s acked term %d version %d grant %d, latest sent is term %d version %d grant %d",
 				ErrBadVersion, m.Region, id, m.Term, m.Version, m.Seq, f.co.term, fr.sent, in.seq)
 		}
+		for _, r := range slices.Concat(m.Released, m.Wanted) {
+			if !(r.Value >= 0 && r.Value <= 1) {
+				return Ready{}, fmt.Errorf("%w: %s/%s moved %v of %q %q", ErrBadValue, m.Region, id, r.Value, r.Limit, r.Key)
+			}
+		}
 		in.heard = now
+		var touched []keyID
+		if !m.Leaving && !in.legacy && (m.Seq > in.ackedSeq || m.Version > in.acked) { // a new ack: what it moved is new
+			touched = f.pooling(now, in, m)
+		}
 		if m.Leaving { // it holds nothing: what it held is free at once
 			f.leave(fr, in)
 			rd := f.evalAck(now, fr)
@@ -669,6 +713,7 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 		case freed:
 			f.moveWeights(now, fr, false, in, &rd)
 		}
+		f.fill(now, touched, &rd)
 		return rd, nil
 	case Report:
 		if err := f.checkReport(in, m); err != nil {
@@ -757,6 +802,7 @@ func (f *Fleet) leftGone(region, id string) {
 // leave removes instance in of fr, which holds nothing.
 func (f *Fleet) leave(fr *fleetRegion, in *fleetInstance) {
 	f.dropCells(fr, in)
+	f.dropWants(in)
 	delete(fr.byID, in.id)
 	if i := slices.Index(fr.insts, in); i >= 0 {
 		fr.insts = slices.Delete(fr.insts, i, i+1)
@@ -842,6 +888,7 @@ func (f *Fleet) evalAck(now time.Time, fr *fleetRegion) Ready {
 // the grant of every live instance.
 func (f *Fleet) Tick(now time.Time) Ready {
 	rd := Ready{Term: f.co.term}
+	f.prunePool(now)
 	for _, fr := range f.regions {
 		for i := 0; i < len(fr.insts); {
 			in := fr.insts[i]
@@ -859,6 +906,7 @@ func (f *Fleet) Tick(now time.Time) Ready {
 			delete(fr.byID, in.id)
 			fr.insts = slices.Delete(fr.insts, i, i+1)
 			f.members = true
+			f.dropWants(in)
 		}
 		merge(&rd, f.evalAck(now, fr))
 	}
@@ -905,6 +953,11 @@ func (f *Fleet) fanOut(now time.Time, rd Ready) Ready {
 			}
 		}
 		fr.shares.Apply(a) // the Coordinator's own output: valid
+		for _, sh := range a.Shares {
+			if j := slices.Index(f.weighted, sh.Limit); j >= 0 && sh.Key != "" {
+				f.keyed[j] = now.UnixNano()
+			}
+		}
 		for _, in := range fr.insts {
 			if in.attached && in.full {
 				out.Send = append(out.Send, f.grant(now, fr, in, a, false))
@@ -984,12 +1037,193 @@ func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assig
 	if changed || in.changed != 0 {
 		in.changed = in.seq // every grant carries all weights: the latest confirms them all
 	}
+	for j, l := range f.weighted {
+		if f.movable(now, j) {
+			g.Pooled = append(g.Pooled, l)
+		}
+		if f.long[j] > 0 {
+			g.PooledKeys = append(g.PooledKeys, l)
+		}
+	}
 	f.stats.Grants++
 	a.Instance, a.Grant = in.id, g
 	if !in.lastAt.IsZero() {
 		a.Clock = &ClockEcho{ReportAt: in.lastAt, Received: in.lastRecv, Sent: now}
 	}
 	return a
+}
+
+// window returns the start (unix ns) of the window of the j-th Weighted
+// limit that holds now (0: not a long window).
+func (f *Fleet) window(j int, now time.Time) int64 {
+	per := int64(f.long[j])
+	if per <= 0 {
+		return 0
+	}
+	t := now.UnixNano()
+	return t - t%per
+}
+
+// movable reports whether allowance of the j-th Weighted limit may move
+// within the window that holds now: a long window none of whose hot
+// keys has had a share or a weight of its own anywhere since the window
+// began (nor a leader other than this Fleet). Engine.MoveShare releases,
+// and AddExtra adds to, the default vector and the keys that follow it
+// only: a key with a share of its own at the giver would keep what it
+// could spend while the receiver's following key spent it too.
+func (f *Fleet) movable(now time.Time, j int) bool {
+	if f.long[j] <= 0 || f.keyed[j] >= f.window(j, now) {
+		return false
+	}
+	for _, fr := range f.regions {
+		if fr.nkeys[j] > 0 || fr.shares.keyed[f.weighted[j]] > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// pooling takes what in's new ack m released into the pool, and what it
+// wants, and returns the limits and keys whose pool grew or that in now
+// wants. A release counts of the current window only, of a long window
+// (and of its default vector, one whose allowance may move, see movable);
+// the pool holds at most all of the limit. A want replaces the one known.
+func (f *Fleet) pooling(now time.Time, in *fleetInstance, m Ack) []keyID {
+	var touched []keyID
+	for _, r := range m.Released {
+		j := slices.Index(f.weighted, r.Limit)
+		if j < 0 || f.long[j] <= 0 || r.Key == "" && !f.movable(now, j) || !(r.Value > 0) {
+			continue
+		}
+		w, id := f.window(j, now), keyID{r.Limit, r.Key}
+		p, ok := f.pool[id]
+		if r.Window.IsZero() || r.Window.UnixNano() != w || !ok && len(f.pool) >= maxPooled {
+			continue // late (that window is over here), or too many
+		}
+		if p.win != w {
+			p = pooled{win: w}
+		}
+		p.value = min(p.value+r.Value, 1)
+		f.pool[id] = p
+		touched = append(touched, id)
+	}
+	for _, r := range m.Wanted {
+		j := slices.Index(f.weighted, r.Limit)
+		if j < 0 || f.long[j] <= 0 {
+			continue
+		}
+		id := keyID{r.Limit, r.Key}
+		if w := f.window(j, now); r.Window.IsZero() || r.Window.UnixNano() != w || !(r.Value > 0) {
+			f.unwant(in, id)
+			continue
+		}
+		if in.wants == nil {
+			in.wants = map[keyID]pooled{}
+		}
+		_, ok := in.wants[id]
+		if !ok && (len(in.wants) >= maxPooled || len(f.wanters) >= maxPooled) {
+			continue
+		}
+		in.wants[id] = pooled{win: r.Window.UnixNano(), value: r.Value}
+		if !ok {
+			f.wanters[id] = append(f.wanters[id], in)
+		}
+		touched = append(touched, id)
+	}
+	return touched
+}
+
+// prunePool drops what the pool and the instances' wants hold of windows
+// that are over.
+func (f *Fleet) prunePool(now time.Time) {
+	stale := func(id keyID, win int64) bool {
+		j := slices.Index(f.weighted, id.limit)
+		return j < 0 || f.window(j, now) != win
+	}
+	maps.DeleteFunc(f.pool, func(id keyID, p pooled) bool { return stale(id, p.win) })
+	for id, ins := range f.wanters {
+		for _, in := range slices.Clone(ins) {
+			if stale(id, in.wants[id].win) {
+				f.unwant(in, id)
+			}
+		}
+	}
+}
+
+// dropWants drops every want of in, which is removed.
+func (f *Fleet) dropWants(in *fleetInstance) {
+	for id := range in.wants {
+		f.unwant(in, id)
+	}
+}
+
+// unwant drops in's want of id.
+func (f *Fleet) unwant(in *fleetInstance, id keyID) {
+	if _, ok := in.wants[id]; !ok {
+		return
+	}
+	delete(in.wants, id)
+	ws := slices.DeleteFunc(f.wanters[id], func(x *fleetInstance) bool { return x == in })
+	if len(ws) == 0 {
+		delete(f.wanters, id)
+	} else {
+		f.wanters[id] = ws
+	}
+}
+
+// fill hands out the pool of the limits and keys touched: to every
+// instance that wants allowance of the same window, in region and
+// instance order, as much as it wants while the pool lasts, in a grant of
+// its own added to rd (Grant.Extras). Stale entries are dropped.
+func (f *Fleet) fill(now time.Time, touched []keyID, rd *Ready) {
+	if len(touched) == 0 {
+		return
+	}
+	extras := map[*fleetInstance][]Moved{}
+	for _, id := range touched {
+		p, ok := f.pool[id]
+		if !ok {
+			continue
+		}
+		j := slices.Index(f.weighted, id.limit)
+		w := f.window(j, now)
+		if p.win != w {
+			delete(f.pool, id)
+			continue
+		}
+		for _, in := range slices.Clone(f.wanters[id]) {
+			want := in.wants[id]
+			switch {
+			case p.value <= 0:
+			case want.win != w: // stale
+				f.unwant(in, id)
+			case in.attached && in.full && !in.legacy:
+				x := min(want.value, p.value)
+				p.value -= x
+				if want.value -= x; want.value > 0 {
+					in.wants[id] = want
+				} else {
+					f.unwant(in, id)
+				}
+				extras[in] = append(extras[in], Moved{Limit: id.limit, Key: id.key, Window: time.Unix(0, w), Value: x})
+			}
+		}
+		if p.value > 0 {
+			f.pool[id] = p
+		} else {
+			delete(f.pool, id)
+		}
+	}
+	for _, fr := range f.regions {
+		for _, in := range fr.insts {
+			if xs := extras[in]; len(xs) > 0 {
+				a := f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false)
+				a.Grant.Extras = xs
+				rd.Send = append(rd.Send, a)
+				rd.Term = f.co.term
+			}
+		}
+	}
 }
 
 // steadyStreak is how many reports in a row must say a key is near its
@@ -1271,6 +1505,7 @@ func (f *Fleet) moveKeys(now time.Time, fr *fleetRegion, retarget bool, only *fl
 		}
 		if len(k.cells) == 0 && k.rest.share == 1 && k.rest.bound == 1 && k.restVer <= fr.restMin {
 			f.removeKey(fr, k)
+			f.keyed[k.limit] = now.UnixNano()
 		}
 	}
 	return restMoved
@@ -1501,6 +1736,7 @@ func (f *Fleet) key(fr *fleetRegion, j int, id keyID) *fleetKey {
 		k = &fleetKey{id: id, limit: j, pos: len(fr.keyList), rest: cell{share: 1, bound: 1, target: 1}}
 		fr.keys[id] = k
 		fr.keyList = append(fr.keyList, k)
+		fr.nkeys[j]++
 	}
 	return k
 }
@@ -1512,6 +1748,7 @@ func (f *Fleet) removeKey(fr *fleetRegion, k *fleetKey) {
 	fr.keyList[k.pos], last.pos = last, k.pos
 	fr.keyList[len(fr.keyList)-1] = nil
 	fr.keyList = fr.keyList[:len(fr.keyList)-1]
+	fr.nkeys[k.limit]--
 	delete(fr.keys, k.id)
 }
 

@@ -69,6 +69,10 @@ type Instance struct {
 	// since (the region's share) or the weight's grant, the later.
 	reset bool
 	since map[string]time.Time
+	// extras are those of the latest new grant, until TakeExtras; pooled,
+	// the limits whose releases its coordinator pools (Grant.Pooled).
+	extras             []Moved
+	pooled, pooledKeys []string
 }
 
 // NewInstance returns the Instance id of region in domain d, holding
@@ -238,6 +242,7 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 			clear(x.rest)
 		}
 		x.legacy, x.held, x.upToDate = true, true, true
+		x.pooled, x.pooledKeys = nil, nil
 		for l := range x.weighted {
 			x.weights[l] = 1
 		}
@@ -278,6 +283,15 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 			rest[id] = w.Value
 		default:
 			own[id] = w.Value
+		}
+	}
+	var extras []Moved
+	for _, e := range g.Extras {
+		switch {
+		case !(e.Value >= 0 && e.Value <= 1):
+			return nil, Ack{}, fmt.Errorf("%w: extra %v of %q", ErrBadValue, e.Value, e.Limit)
+		case x.weighted[e.Limit] && newGrant && e.Value > 0 && !e.Window.IsZero():
+			extras = append(extras, e)
 		}
 	}
 	switch {
@@ -329,10 +343,31 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 		}
 		x.term, x.seq, x.expires = m.Term, g.Seq, g.Expires
 		x.held, x.legacy = true, false
+		x.extras, x.pooled, x.pooledKeys = extras, g.Pooled, g.PooledKeys
 	}
 	x.upToDate = x.upToDate || g.Full
 	x.behind = x.behind && !g.Full
 	return x.diff(), x.ack(), nil
+}
+
+// TakeExtras returns the extras of the latest new grant applied, once:
+// what the instance may add to the current window of the limits the grant
+// raised (Engine.AddExtra), after it has applied the grant's shares.
+func (x *Instance) TakeExtras() []Moved {
+	e := x.extras
+	x.extras = nil
+	return e
+}
+
+// Pooled reports whether the coordinator pools what a lowering of limit's
+// default share (keys false) or of its hot keys' own shares releases
+// (Grant.Pooled, PooledKeys): the instance then moves those shares
+// (Engine.MoveShare, MoveKeyShares) and acks the releases.
+func (x *Instance) Pooled(limit string, keys bool) bool {
+	if keys {
+		return x.weighted[limit] && slices.Contains(x.pooledKeys, limit)
+	}
+	return x.weighted[limit] && slices.Contains(x.pooled, limit)
 }
 
 // regionChanged marks what the region's changed shares need recomputing:

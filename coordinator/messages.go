@@ -91,6 +91,31 @@ type Ack struct {
 	// Leaving says the instance holds nothing any more and is going away
 	// (a graceful stop): what it held is reclaimable at once.
 	Leaving bool
+	// Released is what applying the acked assignment gave up of the
+	// current window of Weighted sliding-window limits; Wanted, what the
+	// shares in force after it may not use of that window, because a raise
+	// counts from the next one (see Moved).
+	Released []Moved
+	Wanted   []Moved
+}
+
+// Moved is a quantity of one window's allowance of a Weighted
+// sliding-window limit (docs/adr/0005): Value, a fraction of the limit, of
+// the window that starts at Window (the coordinator's clock), for the
+// limit's default vector and the keys that follow it (Key empty) or for
+// one hot key's own share. In an Ack's Released it is a release: what the
+// instance, by applying a lowering, will not admit of that window although
+// it might have (regional.Engine.MoveShare, MoveKeyShares); in its Wanted,
+// what the shares it applies may not use of that window because a raise
+// counts from the next one (Engine.Wants). In a Grant it is an extra: what
+// the instance may add to that window (Engine.AddExtra). A Fleet hands out
+// as extras no more than it was acked as releases, per limit, key and
+// window, and no more than each instance wants.
+type Moved struct {
+	Limit  string
+	Key    string
+	Window time.Time
+	Value  float64
 }
 
 func (Report) message() {}
@@ -141,6 +166,17 @@ type Grant struct {
 	// the region held before (a domain's first leader, the region's first
 	// instance): they have been in force since before the current window.
 	Fresh bool
+	// Extras are what the instance may add to the current window of the
+	// limits whose part the grant raises (see Moved).
+	Extras []Moved
+	// Pooled are the Weighted sliding-window limits whose default vector's
+	// releases the coordinator pools now, PooledKeys those whose hot keys'
+	// releases it pools: the instance gives up at once what a lowering of
+	// one of them releases, and acks it (Ack.Released) with what it wants
+	// (Ack.Wanted). A lowering of another keeps, for the window in
+	// progress, what the window allowed.
+	Pooled     []string
+	PooledKeys []string
 	// Weights are the instance's part, in [0, 1], of its region's share of
 	// every split-mode local limit (Weighted): it applies share × weight to
 	// the limit's default vector and to its keys, the key's share for a

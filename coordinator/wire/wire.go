@@ -6,6 +6,7 @@ package wire
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -28,7 +29,8 @@ func Report(r coordinator.Report) *allotv1.RegionMessage {
 
 // Ack converts an ack for the wire.
 func Ack(a coordinator.Ack) *allotv1.RegionMessage {
-	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Ack{Ack: &allotv1.AssignmentAck{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, GrantSeq: a.Seq, Leaving: a.Leaving}}}
+	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Ack{Ack: &allotv1.AssignmentAck{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, GrantSeq: a.Seq, Leaving: a.Leaving,
+		Released: movedOut(a.Released), Wanted: movedOut(a.Wanted)}}}
 }
 
 // Hello converts an instance's hello (its latest ack and the weights it
@@ -43,6 +45,28 @@ func weightsOut(ws []coordinator.Weight) []*allotv1.Weight {
 	out := make([]*allotv1.Weight, 0, len(ws))
 	for _, w := range ws {
 		out = append(out, &allotv1.Weight{Limit: w.Limit, Key: w.Key, Value: w.Value, Rest: w.Rest})
+	}
+	return out
+}
+
+func movedOut(ms []coordinator.Moved) []*allotv1.Moved {
+	var out []*allotv1.Moved
+	for _, m := range ms {
+		out = append(out, &allotv1.Moved{Limit: m.Limit, Key: m.Key, Window: timestamppb.New(m.Window), Value: m.Value})
+	}
+	return out
+}
+
+// fromMoved converts releases or extras from the wire; one without a
+// window names none (the zero time), which every receiver ignores.
+func fromMoved(ms []*allotv1.Moved) []coordinator.Moved {
+	var out []coordinator.Moved
+	for _, m := range ms {
+		var w time.Time
+		if m.GetWindow() != nil {
+			w = m.GetWindow().AsTime()
+		}
+		out = append(out, coordinator.Moved{Limit: m.GetLimit(), Key: m.GetKey(), Window: w, Value: m.GetValue()})
 	}
 	return out
 }
@@ -80,7 +104,8 @@ func Shares(shares []coordinator.Share) []*allotv1.Share {
 func AssignmentWith(a coordinator.Assignment, shares []*allotv1.Share) *allotv1.CoordinatorMessage {
 	pa := &allotv1.ShareAssignment{Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, Shares: shares}
 	if g := a.Grant; g != nil {
-		pa.Grant = &allotv1.Grant{Seq: g.Seq, Expires: timestamppb.New(g.Expires), Full: g.Full, Fresh: g.Fresh, Weights: weightsOut(g.Weights)}
+		pa.Grant = &allotv1.Grant{Seq: g.Seq, Expires: timestamppb.New(g.Expires), Full: g.Full, Fresh: g.Fresh, Weights: weightsOut(g.Weights),
+			Extras: movedOut(g.Extras), Pooled: g.Pooled, PooledKeys: g.PooledKeys}
 	}
 	if c := a.Clock; c != nil {
 		pa.Clock = &allotv1.ClockEcho{ReportAt: timestamppb.New(c.ReportAt), Received: timestamppb.New(c.Received), Sent: timestamppb.New(c.Sent)}
@@ -92,7 +117,8 @@ func AssignmentWith(a coordinator.Assignment, shares []*allotv1.Share) *allotv1.
 func FromAssignment(pa *allotv1.ShareAssignment) coordinator.Assignment {
 	a := coordinator.Assignment{Domain: pa.GetDomain(), Region: pa.GetRegion(), Term: pa.GetTerm(), Version: pa.GetVersion(), Instance: pa.GetInstance()}
 	if g := pa.GetGrant(); g != nil {
-		a.Grant = &coordinator.Grant{Seq: g.GetSeq(), Expires: g.GetExpires().AsTime(), Full: g.GetFull(), Fresh: g.GetFresh(), Weights: FromWeights(g.GetWeights())}
+		a.Grant = &coordinator.Grant{Seq: g.GetSeq(), Expires: g.GetExpires().AsTime(), Full: g.GetFull(), Fresh: g.GetFresh(), Weights: FromWeights(g.GetWeights()),
+			Extras: fromMoved(g.GetExtras()), Pooled: g.GetPooled(), PooledKeys: g.GetPooledKeys()}
 	}
 	if c := pa.GetClock(); c != nil && c.GetReportAt() != nil && c.GetReceived() != nil && c.GetSent() != nil {
 		a.Clock = &coordinator.ClockEcho{ReportAt: c.GetReportAt().AsTime(), Received: c.GetReceived().AsTime(), Sent: c.GetSent().AsTime()}
@@ -133,7 +159,8 @@ func FromRegion(domain, region string, m *allotv1.RegionMessage) (coordinator.Me
 		if a.GetDomain() != domain || a.GetRegion() != region {
 			return nil, fmt.Errorf("ack for %s/%s on the stream of %s/%s", a.GetDomain(), a.GetRegion(), domain, region)
 		}
-		return coordinator.Ack{Domain: domain, Region: region, Term: a.GetTerm(), Version: a.GetVersion(), Seq: a.GetGrantSeq(), Leaving: a.GetLeaving()}, nil
+		return coordinator.Ack{Domain: domain, Region: region, Term: a.GetTerm(), Version: a.GetVersion(), Seq: a.GetGrantSeq(), Leaving: a.GetLeaving(),
+			Released: fromMoved(a.GetReleased()), Wanted: fromMoved(a.GetWanted())}, nil
 	}
 	return nil, fmt.Errorf("a message that is neither a report nor an ack")
 }

@@ -51,6 +51,10 @@ type Node struct {
 	links map[string]*coordinator.Instance // by domain; set by Link
 	at    time.Time                        // At of the latest report
 	clock coordinator.ClockSync            // the offset from the coordinators' clock
+	// wanting are the shares (domain, limit, key) whose latest want acked
+	// was above 0: one that wants nothing is acked as such only if it was
+	// among them.
+	wanting map[[3]string]bool
 
 	// offset and skew are the clock's estimate (ns), read on every request.
 	offset, skew atomic.Int64
@@ -58,6 +62,9 @@ type Node struct {
 	rmu      sync.Mutex
 	received []regional.Batch // peers' batches since the last merge (with Counts)
 }
+
+// maxWanting bounds Node.wanting.
+const maxWanting = 4096
 
 // maxReceived bounds the peers' batches kept for a CountStore that does
 // not answer.
@@ -191,7 +198,7 @@ func (n *Node) Link(local time.Time) error {
 			return err
 		}
 		n.links[d.Name] = x
-		_, err = n.set(now, d.Name, x.Shares()) // every share to 0
+		_, err = n.set(now, d.Name, x.Shares(), nil, nil) // every share to 0
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -279,9 +286,39 @@ func (n *Node) Assign(local time.Time, a coordinator.Assignment) ([]coordinator.
 	if err != nil {
 		return nil, coordinator.Ack{}, err
 	}
-	// Under mu: the next assignment applies after this one.
-	applied, err := n.set(now, a.Domain, shares)
+	// Under mu: the next assignment applies after this one. Allowance
+	// moves within a window only while the clock's error is known and
+	// within the guard's tolerance: the window a release or an extra
+	// names is then the window of true time, 2e from its edges.
+	moves := ok && skew <= WindowGuard/2
+	var pooled *coordinator.Instance
+	if moves {
+		pooled = x
+	}
+	applied, err := n.set(now, a.Domain, shares, pooled, &ack)
+	if extras := x.TakeExtras(); moves {
+		n.addExtras(now, a.Domain, extras, skew)
+		n.wants(now, a.Domain, applied, x, &ack)
+	}
 	return applied, ack, err
+}
+
+// addExtras adds a grant's extras to the current window of their limits
+// (Engine.AddExtra), usable from 2e after the window's start until 2e
+// before its end, e the clock's error bound.
+func (n *Node) addExtras(now time.Time, domain string, extras []coordinator.Moved, e time.Duration) {
+	d := n.e.Config().Domain(domain)
+	for _, x := range extras {
+		l := d.Limit(x.Limit)
+		if l == nil {
+			continue
+		}
+		w := x.Window.UnixNano()
+		// An extra the engine does not take (another window) is lost,
+		// never spent twice: nothing to report.
+		_ = n.e.AddExtra(now, domain, x.Limit, regional.Extra{Key: x.Key, Window: w, Value: x.Value,
+			From: w + int64(2*e), Until: w + int64(l.Rate.Period-2*e)})
+	}
 }
 
 // Expires returns when domain's grant in force expires (zero: none, or
@@ -310,7 +347,7 @@ func (n *Node) Expire(local time.Time) ([]string, []coordinator.Share) {
 			continue
 		}
 		doms = append(doms, d)
-		applied, _ := n.set(now, d, shares) // the Instance's own shares: valid
+		applied, _ := n.set(now, d, shares, nil, nil) // the Instance's own shares: valid
 		all = append(all, applied...)
 	}
 	return doms, all
@@ -327,7 +364,7 @@ func (n *Node) Leave(local time.Time) map[string]coordinator.Ack {
 	acks := map[string]coordinator.Ack{}
 	for d, x := range n.links {
 		shares, ack := x.Leave()
-		n.set(now, d, shares) // the Instance's own shares: valid
+		n.set(now, d, shares, nil, nil) // the Instance's own shares: valid
 		acks[d] = ack
 	}
 	return acks
@@ -351,7 +388,7 @@ func (n *Node) Reconfigure(local time.Time) error {
 			errs = append(errs, err)
 			continue
 		}
-		_, err = n.set(now, d.Name, shares)
+		_, err = n.set(now, d.Name, shares, nil, nil)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -375,9 +412,22 @@ func (n *Node) Ready() error {
 // limit in one SetKeyShares call (an assignment may carry thousands). It
 // returns the shares applied; one the engine refuses is skipped and
 // reported in the error, the others are applied.
-func (n *Node) set(now time.Time, domain string, shares []coordinator.Share) ([]coordinator.Share, error) {
+//
+// With pooled not nil, the default share, or the hot keys' own shares,
+// of a limit whose releases its coordinator pools (Instance.Pooled: a
+// split-mode local long window) move (Engine.MoveShare, MoveKeyShares):
+// what a lowering gives up of the current window is appended to
+// ack.Released, for the coordinator to hand out.
+func (n *Node) set(now time.Time, domain string, shares []coordinator.Share, pooled *coordinator.Instance, ack *coordinator.Ack) ([]coordinator.Share, error) {
 	applied := shares[:0:0]
 	var errs []error
+	moved := func(limit string, rs ...regional.Release) {
+		for _, r := range rs {
+			if r.Value > 0 {
+				ack.Released = append(ack.Released, coordinator.Moved{Limit: limit, Key: r.Key, Window: time.Unix(0, r.Window), Value: r.Value})
+			}
+		}
+	}
 	for i := 0; i < len(shares); {
 		j := i + 1
 		for j < len(shares) && !shares[i].Reset && shares[i].Key != "" && shares[j].Key != "" && !shares[j].Reset && shares[j].Limit == shares[i].Limit {
@@ -388,6 +438,10 @@ func (n *Node) set(now time.Time, domain string, shares []coordinator.Share) ([]
 		switch {
 		case s.Reset:
 			err = n.e.ResetShare(domain, s.Limit, s.Value, s.Since)
+		case s.Key == "" && pooled != nil && pooled.Pooled(s.Limit, false):
+			var r regional.Release
+			r, err = n.e.MoveShare(now, domain, s.Limit, s.Value)
+			moved(s.Limit, r)
 		case s.Key == "":
 			err = n.e.SetShare(now, domain, s.Limit, s.Value)
 		default:
@@ -395,7 +449,13 @@ func (n *Node) set(now time.Time, domain string, shares []coordinator.Share) ([]
 			for _, s := range shares[i:j] {
 				ks = append(ks, regional.KeyShare{Key: s.Key, Share: s.Value})
 			}
-			err = n.e.SetKeyShares(now, domain, s.Limit, ks)
+			if pooled != nil && pooled.Pooled(s.Limit, true) {
+				var rs []regional.Release
+				rs, err = n.e.MoveKeyShares(now, domain, s.Limit, ks)
+				moved(s.Limit, rs...)
+			} else {
+				err = n.e.SetKeyShares(now, domain, s.Limit, ks)
+			}
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("share of %s/%s key %q not applied: %w", domain, s.Limit, s.Key, err))
@@ -405,6 +465,38 @@ func (n *Node) set(now time.Time, domain string, shares []coordinator.Share) ([]
 		i = j
 	}
 	return applied, errors.Join(errs...)
+}
+
+// wants adds to ack what the shares applied, of limits whose releases the
+// coordinator pools, may not use of the current window (Engine.Wants):
+// another's release of it may make it up (Grant.Extras).
+func (n *Node) wants(now time.Time, domain string, applied []coordinator.Share, pooled *coordinator.Instance, ack *coordinator.Ack) {
+	// A share that wanted some and wants nothing now says so: what the
+	// coordinator knew it to want is out of date.
+	for _, s := range applied {
+		if !pooled.Pooled(s.Limit, s.Key != "") {
+			continue
+		}
+		w, err := n.e.Wants(now, domain, s.Limit, s.Key)
+		if err != nil {
+			continue
+		}
+		id := [3]string{domain, s.Limit, s.Key}
+		switch was := n.wanting[id]; {
+		case w.Value > 0:
+			if n.wanting == nil || len(n.wanting) >= maxWanting {
+				// Forgetting costs only extras that the coordinator may
+				// send for a want out of date, which the engine caps.
+				n.wanting = map[[3]string]bool{}
+			}
+			n.wanting[id] = true
+		case !was:
+			continue
+		default:
+			delete(n.wanting, id)
+		}
+		ack.Wanted = append(ack.Wanted, coordinator.Moved{Limit: s.Limit, Key: s.Key, Window: time.Unix(0, w.Window), Value: w.Value})
+	}
 }
 
 // Reports drains the engine's demand since the previous call and returns

@@ -328,3 +328,75 @@ func TestNodeRestoresItsLongWindows(t *testing.T) {
 		t.Fatalf("without Marks: admitted %d after the restart, want 0", got)
 	}
 }
+
+// Allowance moves within a window through the Node (docs/adr/0005): an
+// instance whose hot key is lowered mid-window acks what it released of
+// the window; one whose key is raised acks what it wants of it; an extra
+// in its next grant lets it spend exactly that, so that the key's window
+// holds L over both regions and no more. Grants here stand for the
+// Fleet's (coordinator/fleet_pool_test.go tests how it pairs them).
+func TestNodeMovesAllowanceWithinAWindow(t *testing.T) {
+	cfg := parse(t, "domain: api\nregions: [us, eu]\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 100/1m, algorithm: sliding_window, mode: split, enforcement: local}\n")
+	const key = "per-user:user=42"
+	window := t0.Add(time.Hour) // a window's start
+	now := window.Add(-time.Second)
+	nodes := map[string]*node.Node{}
+	version := uint64(0)
+	assign := func(region string, seq uint64, shares []coordinator.Share, extras []coordinator.Moved) coordinator.Ack {
+		t.Helper()
+		n := nodes[region]
+		at := n.Reports(now)[0].At
+		version++
+		a := coordinator.Assignment{Domain: "api", Region: region, Term: 1, Version: version, Shares: shares, Instance: region + "-1",
+			Grant: &coordinator.Grant{Seq: seq, Expires: now.Add(time.Hour), Full: seq == 1, Fresh: true, Extras: extras, PooledKeys: []string{"per-user"},
+				Weights: []coordinator.Weight{{Limit: "per-user", Value: 1}}},
+			Clock: &coordinator.ClockEcho{ReportAt: at, Received: at, Sent: now}}
+		if len(shares) == 0 {
+			a.Version = 0
+		}
+		_, ack, err := n.Assign(now, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack
+	}
+	for region, s := range map[string]float64{"us": 1, "eu": 0} {
+		n, err := node.New(node.Options{Region: region, Instance: region + "-1", Engine: regional.New(cfg, regional.Options{})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Link(now); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := n.Connect("api"); err != nil {
+			t.Fatal(err)
+		}
+		nodes[region] = n
+		assign(region, 1, []coordinator.Share{{Limit: "per-user", Value: s}, {Limit: "per-user", Key: key, Value: s}}, nil)
+		if n.Skew() < 0 {
+			t.Fatalf("%s: the clock's error is not known", region)
+		}
+	}
+	now = window.Add(time.Second)
+	if got := admitted(t, nodes["us"].Engine(), now, 30); got != 30 {
+		t.Fatalf("us admitted %d of 30", got)
+	}
+	now = window.Add(2 * time.Second)
+	ack := assign("us", 2, []coordinator.Share{{Limit: "per-user", Key: key, Value: 0.5}}, nil)
+	if len(ack.Released) != 1 || ack.Released[0].Key != key || !ack.Released[0].Window.Equal(window) || ack.Released[0].Value < 0.5-1e-9 || ack.Released[0].Value > 0.5+1e-9 {
+		t.Fatalf("us lowered the key from 1 to 0.5 after 30 of 100 and acked releases %+v, want 0.5 of the window at %v", ack.Released, window)
+	}
+	ack = assign("eu", 2, []coordinator.Share{{Limit: "per-user", Key: key, Value: 0.5}}, nil)
+	if len(ack.Wanted) != 1 || ack.Wanted[0].Key != key || ack.Wanted[0].Value < 0.5-1e-9 {
+		t.Fatalf("eu raised the key to 0.5 mid-window and acked wants %+v, want 0.5", ack.Wanted)
+	}
+	if got := admitted(t, nodes["eu"].Engine(), now, 100); got != 0 {
+		t.Fatalf("eu admitted %d from a raise mid-window, before any extra", got)
+	}
+	assign("eu", 3, nil, []coordinator.Moved{{Limit: "per-user", Key: key, Window: window, Value: ack.Wanted[0].Value}})
+	now = now.Add(time.Second)
+	us, eu := admitted(t, nodes["us"].Engine(), now, 100), admitted(t, nodes["eu"].Engine(), now, 100)
+	if us != 20 || eu != 50 {
+		t.Fatalf("after the move us admitted %d more (want 20) and eu %d (want 50): the window holds %d, want L = 100", us, eu, 30+us+eu)
+	}
+}

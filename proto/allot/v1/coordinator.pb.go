@@ -750,7 +750,15 @@ type Grant struct {
 	Full    bool                   `protobuf:"varint,4,opt,name=full,proto3" json:"full,omitempty"`
 	// fresh: the weights come from allowance no instance of the region held
 	// before (a domain's first leader, the region's first instance)
-	Fresh         bool `protobuf:"varint,5,opt,name=fresh,proto3" json:"fresh,omitempty"`
+	Fresh bool `protobuf:"varint,5,opt,name=fresh,proto3" json:"fresh,omitempty"`
+	// extras: allowance the instance may add to the current window of a
+	// raised limit, drawn from what other instances released of it
+	Extras []*Moved `protobuf:"bytes,6,rep,name=extras,proto3" json:"extras,omitempty"`
+	// pooled: the limits whose default vector's releases the coordinator
+	// pools now; pooled_keys, those whose hot keys' releases it pools. A
+	// lowering of another keeps what the window allowed
+	Pooled        []string `protobuf:"bytes,7,rep,name=pooled,proto3" json:"pooled,omitempty"`
+	PooledKeys    []string `protobuf:"bytes,8,rep,name=pooled_keys,json=pooledKeys,proto3" json:"pooled_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -820,6 +828,101 @@ func (x *Grant) GetFresh() bool {
 	return false
 }
 
+func (x *Grant) GetExtras() []*Moved {
+	if x != nil {
+		return x.Extras
+	}
+	return nil
+}
+
+func (x *Grant) GetPooled() []string {
+	if x != nil {
+		return x.Pooled
+	}
+	return nil
+}
+
+func (x *Grant) GetPooledKeys() []string {
+	if x != nil {
+		return x.PooledKeys
+	}
+	return nil
+}
+
+// Moved is a quantity of one window's allowance of a split-mode local
+// sliding-window limit: value, a fraction of the limit, of the window
+// that starts at window (the coordinator's clock). In an ack, what the
+// instance gave up of that window by applying a lowering; in a grant,
+// what it may add to it.
+type Moved struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Limit  string                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	Window *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=window,proto3" json:"window,omitempty"`
+	Value  float64                `protobuf:"fixed64,3,opt,name=value,proto3" json:"value,omitempty"`
+	// key: the hot key whose own share it is; empty, the limit's default
+	Key           string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Moved) Reset() {
+	*x = Moved{}
+	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Moved) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Moved) ProtoMessage() {}
+
+func (x *Moved) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Moved.ProtoReflect.Descriptor instead.
+func (*Moved) Descriptor() ([]byte, []int) {
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Moved) GetLimit() string {
+	if x != nil {
+		return x.Limit
+	}
+	return ""
+}
+
+func (x *Moved) GetWindow() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+func (x *Moved) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *Moved) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
 // Weight is an instance's part, in [0, 1], of its region's share of a
 // split-mode local limit (key empty; it applies it to the limit's keys
 // too), its own part of one hot key of it (key set), or a hot key's rest
@@ -839,7 +942,7 @@ type Weight struct {
 
 func (x *Weight) Reset() {
 	*x = Weight{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +954,7 @@ func (x *Weight) String() string {
 func (*Weight) ProtoMessage() {}
 
 func (x *Weight) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[10]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +967,7 @@ func (x *Weight) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Weight.ProtoReflect.Descriptor instead.
 func (*Weight) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Weight) GetLimit() string {
@@ -911,7 +1014,7 @@ type Share struct {
 
 func (x *Share) Reset() {
 	*x = Share{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1026,7 @@ func (x *Share) String() string {
 func (*Share) ProtoMessage() {}
 
 func (x *Share) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[11]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1039,7 @@ func (x *Share) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Share.ProtoReflect.Descriptor instead.
 func (*Share) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Share) GetLimit() string {
@@ -976,14 +1079,20 @@ type AssignmentAck struct {
 	GrantSeq uint64                 `protobuf:"varint,5,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"` // latest grant of this term applied (0: none)
 	// leaving: the instance holds nothing any more and is stopping; what it
 	// held is reclaimable at once
-	Leaving       bool `protobuf:"varint,6,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	Leaving bool `protobuf:"varint,6,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	// released: what applying the acked assignment gave up of the current
+	// window, per limit and hot key
+	Released []*Moved `protobuf:"bytes,7,rep,name=released,proto3" json:"released,omitempty"`
+	// wanted: what the shares in force after it may not use of the current
+	// window (a raise counts from the next one), per limit and hot key
+	Wanted        []*Moved `protobuf:"bytes,8,rep,name=wanted,proto3" json:"wanted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AssignmentAck) Reset() {
 	*x = AssignmentAck{}
-	mi := &file_allot_v1_coordinator_proto_msgTypes[12]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1104,7 @@ func (x *AssignmentAck) String() string {
 func (*AssignmentAck) ProtoMessage() {}
 
 func (x *AssignmentAck) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_coordinator_proto_msgTypes[12]
+	mi := &file_allot_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1117,7 @@ func (x *AssignmentAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentAck.ProtoReflect.Descriptor instead.
 func (*AssignmentAck) Descriptor() ([]byte, []int) {
-	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_allot_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AssignmentAck) GetDomain() string {
@@ -1051,6 +1160,20 @@ func (x *AssignmentAck) GetLeaving() bool {
 		return x.Leaving
 	}
 	return false
+}
+
+func (x *AssignmentAck) GetReleased() []*Moved {
+	if x != nil {
+		return x.Released
+	}
+	return nil
+}
+
+func (x *AssignmentAck) GetWanted() []*Moved {
+	if x != nil {
+		return x.Wanted
+	}
+	return nil
 }
 
 var File_allot_v1_coordinator_proto protoreflect.FileDescriptor
@@ -1108,13 +1231,22 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\tClockEcho\x127\n" +
 	"\treport_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\breportAt\x126\n" +
 	"\breceived\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\breceived\x12.\n" +
-	"\x04sent\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04sent\"\xa5\x01\n" +
+	"\x04sent\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04sent\"\x87\x02\n" +
 	"\x05Grant\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x124\n" +
 	"\aexpires\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12*\n" +
 	"\aweights\x18\x03 \x03(\v2\x10.allot.v1.WeightR\aweights\x12\x12\n" +
 	"\x04full\x18\x04 \x01(\bR\x04full\x12\x14\n" +
-	"\x05fresh\x18\x05 \x01(\bR\x05fresh\"Z\n" +
+	"\x05fresh\x18\x05 \x01(\bR\x05fresh\x12'\n" +
+	"\x06extras\x18\x06 \x03(\v2\x0f.allot.v1.MovedR\x06extras\x12\x16\n" +
+	"\x06pooled\x18\a \x03(\tR\x06pooled\x12\x1f\n" +
+	"\vpooled_keys\x18\b \x03(\tR\n" +
+	"pooledKeys\"y\n" +
+	"\x05Moved\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\tR\x05limit\x122\n" +
+	"\x06window\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06window\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\x01R\x05value\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\"Z\n" +
 	"\x06Weight\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value\x12\x10\n" +
@@ -1124,14 +1256,16 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\tR\x05limit\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\x01R\x05value\x120\n" +
-	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\xa4\x01\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\xfa\x01\n" +
 	"\rAssignmentAck\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04term\x18\x03 \x01(\x03R\x04term\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x1b\n" +
 	"\tgrant_seq\x18\x05 \x01(\x04R\bgrantSeq\x12\x18\n" +
-	"\aleaving\x18\x06 \x01(\bR\aleaving2S\n" +
+	"\aleaving\x18\x06 \x01(\bR\aleaving\x12+\n" +
+	"\breleased\x18\a \x03(\v2\x0f.allot.v1.MovedR\breleased\x12'\n" +
+	"\x06wanted\x18\b \x03(\v2\x0f.allot.v1.MovedR\x06wanted2S\n" +
 	"\vCoordinator\x12D\n" +
 	"\aConnect\x12\x17.allot.v1.RegionMessage\x1a\x1c.allot.v1.CoordinatorMessage(\x010\x01B3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
@@ -1147,7 +1281,7 @@ func file_allot_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_allot_v1_coordinator_proto_rawDescData
 }
 
-var file_allot_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_allot_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_allot_v1_coordinator_proto_goTypes = []any{
 	(*RegionMessage)(nil),         // 0: allot.v1.RegionMessage
 	(*CoordinatorMessage)(nil),    // 1: allot.v1.CoordinatorMessage
@@ -1159,37 +1293,42 @@ var file_allot_v1_coordinator_proto_goTypes = []any{
 	(*ShareAssignment)(nil),       // 7: allot.v1.ShareAssignment
 	(*ClockEcho)(nil),             // 8: allot.v1.ClockEcho
 	(*Grant)(nil),                 // 9: allot.v1.Grant
-	(*Weight)(nil),                // 10: allot.v1.Weight
-	(*Share)(nil),                 // 11: allot.v1.Share
-	(*AssignmentAck)(nil),         // 12: allot.v1.AssignmentAck
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*Moved)(nil),                 // 10: allot.v1.Moved
+	(*Weight)(nil),                // 11: allot.v1.Weight
+	(*Share)(nil),                 // 12: allot.v1.Share
+	(*AssignmentAck)(nil),         // 13: allot.v1.AssignmentAck
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_allot_v1_coordinator_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.RegionMessage.hello:type_name -> allot.v1.Hello
 	4,  // 1: allot.v1.RegionMessage.report:type_name -> allot.v1.DemandReport
-	12, // 2: allot.v1.RegionMessage.ack:type_name -> allot.v1.AssignmentAck
+	13, // 2: allot.v1.RegionMessage.ack:type_name -> allot.v1.AssignmentAck
 	7,  // 3: allot.v1.CoordinatorMessage.assignment:type_name -> allot.v1.ShareAssignment
 	2,  // 4: allot.v1.CoordinatorMessage.rejection:type_name -> allot.v1.Rejection
-	10, // 5: allot.v1.Hello.weights:type_name -> allot.v1.Weight
-	13, // 6: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
+	11, // 5: allot.v1.Hello.weights:type_name -> allot.v1.Weight
+	14, // 6: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
 	5,  // 7: allot.v1.DemandReport.limits:type_name -> allot.v1.LimitDemand
 	6,  // 8: allot.v1.LimitDemand.keys:type_name -> allot.v1.KeyDemand
-	11, // 9: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
+	12, // 9: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
 	9,  // 10: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
 	8,  // 11: allot.v1.ShareAssignment.clock:type_name -> allot.v1.ClockEcho
-	13, // 12: allot.v1.ClockEcho.report_at:type_name -> google.protobuf.Timestamp
-	13, // 13: allot.v1.ClockEcho.received:type_name -> google.protobuf.Timestamp
-	13, // 14: allot.v1.ClockEcho.sent:type_name -> google.protobuf.Timestamp
-	13, // 15: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
-	10, // 16: allot.v1.Grant.weights:type_name -> allot.v1.Weight
-	13, // 17: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
-	0,  // 18: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
-	1,  // 19: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
-	19, // [19:20] is the sub-list for method output_type
-	18, // [18:19] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	14, // 12: allot.v1.ClockEcho.report_at:type_name -> google.protobuf.Timestamp
+	14, // 13: allot.v1.ClockEcho.received:type_name -> google.protobuf.Timestamp
+	14, // 14: allot.v1.ClockEcho.sent:type_name -> google.protobuf.Timestamp
+	14, // 15: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
+	11, // 16: allot.v1.Grant.weights:type_name -> allot.v1.Weight
+	10, // 17: allot.v1.Grant.extras:type_name -> allot.v1.Moved
+	14, // 18: allot.v1.Moved.window:type_name -> google.protobuf.Timestamp
+	14, // 19: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
+	10, // 20: allot.v1.AssignmentAck.released:type_name -> allot.v1.Moved
+	10, // 21: allot.v1.AssignmentAck.wanted:type_name -> allot.v1.Moved
+	0,  // 22: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
+	1,  // 23: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_coordinator_proto_init() }
@@ -1212,7 +1351,7 @@ func file_allot_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_coordinator_proto_rawDesc), len(file_allot_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
