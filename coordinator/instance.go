@@ -351,8 +351,8 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 }
 
 // TakeExtras returns the extras of the latest new grant applied, once:
-// what the instance may add to the current window of the limits the grant
-// raised (Engine.AddExtra), after it has applied the grant's shares.
+// what the instance may add to the current window for what it wanted
+// (Engine.AddExtra), after it has applied the grant's shares.
 func (x *Instance) TakeExtras() []Moved {
 	e := x.extras
 	x.extras = nil

@@ -166,11 +166,12 @@ type Grant struct {
 	// the region held before (a domain's first leader, the region's first
 	// instance): they have been in force since before the current window.
 	Fresh bool
-	// Extras are what the instance may add to the current window of the
-	// limits whose part the grant raises (see Moved).
+	// Extras are what the instance may add to the current window, drawn
+	// from other instances' releases for what it wanted (see Moved).
 	Extras []Moved
-	// Pooled are the Weighted sliding-window limits whose default vector's
-	// releases the coordinator pools now, PooledKeys those whose hot keys'
+	// Pooled are the Weighted sliding-window limits, of windows longer than
+	// the rebalance period, whose default vector's releases the coordinator
+	// pools now, PooledKeys those whose hot keys'
 	// releases it pools: the instance gives up at once what a lowering of
 	// one of them releases, and acks it (Ack.Released) with what it wants
 	// (Ack.Wanted). A lowering of another keeps, for the window in

@@ -751,8 +751,8 @@ type Grant struct {
 	// fresh: the weights come from allowance no instance of the region held
 	// before (a domain's first leader, the region's first instance)
 	Fresh bool `protobuf:"varint,5,opt,name=fresh,proto3" json:"fresh,omitempty"`
-	// extras: allowance the instance may add to the current window of a
-	// raised limit, drawn from what other instances released of it
+	// extras: allowance the instance may add to the current window, drawn
+	// from what other instances released of it, for what it wanted
 	Extras []*Moved `protobuf:"bytes,6,rep,name=extras,proto3" json:"extras,omitempty"`
 	// pooled: the limits whose default vector's releases the coordinator
 	// pools now; pooled_keys, those whose hot keys' releases it pools. A
@@ -852,8 +852,9 @@ func (x *Grant) GetPooledKeys() []string {
 // Moved is a quantity of one window's allowance of a split-mode local
 // sliding-window limit: value, a fraction of the limit, of the window
 // that starts at window (the coordinator's clock). In an ack, what the
-// instance gave up of that window by applying a lowering; in a grant,
-// what it may add to it.
+// instance gave up of that window by applying a lowering (released), or
+// what its shares may not use of it (wanted); in a grant, what it may add
+// to it.
 type Moved struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Limit  string                 `protobuf:"bytes,1,opt,name=limit,proto3" json:"limit,omitempty"`
