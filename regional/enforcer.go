@@ -585,7 +585,7 @@ func (d *decision) count(admitted bool) {
 	t := d.r.f.engine.table
 	for i := range d.ws {
 		w, s := &d.ws[i], &d.steps[i]
-		if w.ls.l.Unlimited {
+		if w.ls.l.Unlimited || s.kind == byPolicy && !d.sts[i].Allowed {
 			continue
 		}
 		w.p = s.p

@@ -338,3 +338,42 @@ limits:
 		t.Fatalf("%v allocations, %d store calls, %+v", allocs, s.takes.Load()+s.leases.Load(), dec)
 	}
 }
+
+// TestClosedRejectionsAreNotDemand: what on_failure closed rejects while
+// the store is down is not the region's demand: no share would admit it,
+// so the coordinator gives the region's share to regions that can use it
+// meanwhile (sim/scenarios/store-outage-closed.yaml). What the store
+// decides is demand, admitted or rejected.
+func TestClosedRejectionsAreNotDemand(t *testing.T) {
+	const cfg = `
+domain: api
+limits:
+  - {name: closed, match: {b: "*"}, rate: 2/1h, enforcement: exact, on_failure: closed}
+`
+	s := &MemoryStore{}
+	f := newEnforcer(t, cfg, s, "0")
+	f.Tick(context.Background(), t0)
+	demand := func() (admitted, rejected float64) {
+		for _, d := range f.engine.Demand() {
+			if d.Limit == "closed" && d.Key == "" {
+				admitted, rejected = admitted+d.Admitted, rejected+d.Rejected
+			}
+		}
+		return admitted, rejected
+	}
+	for range 3 {
+		check(t, f, t0, entry("b", "1"), 1)
+	}
+	if a, r := demand(); a != 2 || r != 1 {
+		t.Fatalf("with the store up: demand admitted %v rejected %v, want 2 and 1", a, r)
+	}
+	s.SetErr(errors.New("connection refused"))
+	for i := range 3 {
+		if dec := check(t, f, t0, entry("b", "2"), 1); dec.Allowed {
+			t.Fatalf("closed, request %d: admitted", i)
+		}
+	}
+	if a, r := demand(); a != 0 || r != 0 {
+		t.Fatalf("with the store down: demand admitted %v rejected %v, want none: closed rejected them", a, r)
+	}
+}
