@@ -22,8 +22,16 @@
 //     ([Config.HalfLife]), that takes a shift at once; rebalances come
 //     every [Config.Period], sooner after a shift, timed for the next
 //     window boundary of a sliding-window limit.
+//   - [Fleet]: the leader's view of every instance of every region. It
+//     drives a Coordinator and divides each region's share of a split-mode
+//     local limit among the region's instances by their demand, with
+//     grants that expire ([Grant]). In windows longer than the period it
+//     also moves allowance within a window as a quantity (docs/adr/0005):
+//     what acks release ([Ack].Released) goes, as extras in grants, to the
+//     instances that want it (Ack.Wanted), never more than was released.
 //   - [Applier]: a region's side. It applies assignments in order, lowerings
-//     first, and says what to acknowledge.
+//     first, and says what to acknowledge. [Instance] is one instance's
+//     side under a Fleet.
 //   - Messages are plain structs: [Report] and [Ack] go to the coordinator,
 //     [Assignment] to regions, [Record] to durable storage; a [Snapshot] of
 //     the records is what a new leader or a restarting region starts from.
