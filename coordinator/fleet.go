@@ -888,7 +888,6 @@ func (f *Fleet) evalAck(now time.Time, fr *fleetRegion) Ready {
 // the grant of every live instance.
 func (f *Fleet) Tick(now time.Time) Ready {
 	rd := Ready{Term: f.co.term}
-	f.prunePool(now)
 	for _, fr := range f.regions {
 		for i := 0; i < len(fr.insts); {
 			in := fr.insts[i]
@@ -916,12 +915,13 @@ func (f *Fleet) Tick(now time.Time) Ready {
 		return rd
 	}
 	f.next = now.Add(f.co.cfg.Period)
+	f.prunePool(now)
 	for _, fr := range f.regions {
 		f.moveWeights(now, fr, true, nil, &rd)
 		// Renew every live instance that this pass sent nothing.
 		for _, in := range fr.insts {
 			if f.renewable(now, in) && in.full && !in.granted.Equal(now) {
-				rd.Send = append(rd.Send, f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false))
+				rd.Send = append(rd.Send, f.grantOnly(now, fr, in))
 			}
 		}
 	}
@@ -948,16 +948,16 @@ func (f *Fleet) fanOut(now time.Time, rd Ready) Ready {
 		}
 		fr.sent = max(fr.sent, a.Version)
 		for _, sh := range a.Shares {
-			if sh.Key == "" && sh.Value != fr.shares.Share(sh.Limit, "") {
+			switch {
+			case sh.Key == "" && sh.Value != fr.shares.Share(sh.Limit, ""):
 				fr.since[sh.Limit] = now.Add(f.cfg.MaxSkew)
+			case sh.Key != "":
+				if j := slices.Index(f.weighted, sh.Limit); j >= 0 {
+					f.keyed[j] = now.UnixNano()
+				}
 			}
 		}
 		fr.shares.Apply(a) // the Coordinator's own output: valid
-		for _, sh := range a.Shares {
-			if j := slices.Index(f.weighted, sh.Limit); j >= 0 && sh.Key != "" {
-				f.keyed[j] = now.UnixNano()
-			}
-		}
 		for _, in := range fr.insts {
 			if in.attached && in.full {
 				out.Send = append(out.Send, f.grant(now, fr, in, a, false))
@@ -1051,6 +1051,12 @@ func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assig
 		a.Clock = &ClockEcho{ReportAt: in.lastAt, Received: in.lastRecv, Sent: now}
 	}
 	return a
+}
+
+// grantOnly is a grant to in with no shares (Version 0): the region's
+// shares go with the Coordinator's assignments.
+func (f *Fleet) grantOnly(now time.Time, fr *fleetRegion, in *fleetInstance) Assignment {
+	return f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false)
 }
 
 // window returns the start (unix ns) of the window of the j-th Weighted
@@ -1217,7 +1223,7 @@ func (f *Fleet) fill(now time.Time, touched []keyID, rd *Ready) {
 	for _, fr := range f.regions {
 		for _, in := range fr.insts {
 			if xs := extras[in]; len(xs) > 0 {
-				a := f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false)
+				a := f.grantOnly(now, fr, in)
 				a.Grant.Extras = xs
 				rd.Send = append(rd.Send, a)
 				rd.Term = f.co.term
@@ -1317,8 +1323,8 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 		for j := range in.w {
 			moved = moved || in.w[j].flags&dirty != 0
 		}
-		if moved && in.attached && in.full { // a grant only (Version 0): the region's shares go with the Coordinator's assignments
-			rd.Send = append(rd.Send, f.grant(now, fr, in, Assignment{Domain: f.co.domain, Region: fr.name, Term: f.co.term}, false))
+		if moved && in.attached && in.full {
+			rd.Send = append(rd.Send, f.grantOnly(now, fr, in))
 		}
 	}
 }
