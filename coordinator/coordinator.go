@@ -47,6 +47,13 @@ const (
 	// rebalances in a row moves anyway, so that hysteresis never freezes
 	// a wrong split.
 	lagMoves = 3
+	// saturatedHysteresis: in a limit whose window is longer than the
+	// period, where every region uses at least its share (overload),
+	// shares move only if one would move by this much: no split of that
+	// kind wastes share, and a move within a window loses some of it in
+	// its transition (a short window's moves wait for its edge, see
+	// onTime). It is the tolerance the simulator's convergence allows.
+	saturatedHysteresis = 0.05
 	// longWindowReports: in a limit whose window is longer than the period,
 	// a region's demand counts from this many reports on (see retarget).
 	longWindowReports = 3
@@ -1051,6 +1058,11 @@ func (c *Coordinator) retarget(ls *limitState, cs, def []cell, lag *uint8) {
 	}
 	moved := false
 	switch {
+	case ls.window != 0 && !unknown && saturated(v) && off < saturatedHysteresis:
+		// A long window, and every region uses all of its share: the
+		// split wastes nothing, and a move within the window would only
+		// cost what its transition loses.
+		*lag = 0
 	case off >= c.cfg.Hysteresis || unknown:
 		moved = true
 	case off >= c.cfg.Hysteresis/4 && *lag+1 >= lagMoves:
@@ -1069,6 +1081,26 @@ func (c *Coordinator) retarget(ls *limitState, cs, def []cell, lag *uint8) {
 			cs[r].target = down32(c.dst[r])
 		}
 	}
+}
+
+// saturated reports whether every region that takes part in v uses at
+// least its share (v.Scale known), so that the split in force leaves no
+// share idle.
+func saturated(v *Vector) bool {
+	if v.Scale <= 0 {
+		return false
+	}
+	any := false
+	for r := range v.Shares {
+		if !v.in(r) {
+			continue
+		}
+		if v.Demand[r]/v.Scale < v.Shares[r] {
+			return false
+		}
+		any = true
+	}
+	return any
 }
 
 func retired(cs []cell) bool {

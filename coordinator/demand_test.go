@@ -155,3 +155,42 @@ func TestSilentRegionMeasuredAgain(t *testing.T) {
 		t.Fatalf("eu's demand %v after it was heard again, want 50 (not its report over the silence)", d)
 	}
 }
+
+// threeLong is a limit of 1000 per 10 s, a window longer than the period,
+// among three regions without floors.
+const threeLong = `
+domain: api
+regions: [us, eu, ap]
+limits:
+  - {name: per-user, match: {user: "*"}, rate: 1000/10s, algorithm: sliding_window}
+`
+
+// TestSaturatedLongWindowHoldsItsSplit: three regions each offer 50/s of a
+// limit of 100/s over 10 s windows, with noise of ±20 %. Every region uses
+// more than its share whatever the split, so no split within 0.05 of the
+// even one wastes any share, and the shares stay where they are: each move
+// would cost what its transition loses within a window. Once a region's
+// demand falls below its share, the split moves (it is not frozen).
+func TestSaturatedLongWindowHoldsItsSplit(t *testing.T) {
+	cl := newCluster(t, threeLong, Config{})
+	low := false
+	rate := func(r int, t time.Duration) float64 {
+		if low && r == 0 {
+			return 5
+		}
+		return 50 * (1 + 0.2*math.Sin(float64(t)/float64(time.Second)*1.7+2.1*float64(r)))
+	}
+	every := []time.Duration{time.Second, time.Second, time.Second}
+	cl.run(20*time.Second, every, rate)
+	v := cl.c.Stats().Version
+	cl.run(60*time.Second, every, rate)
+	near(t, "saturated", cl.shares(""), []float64{1.0 / 3, 1.0 / 3, 1.0 / 3})
+	if sent := cl.c.Stats().Version - v; sent > 0 {
+		t.Fatalf("%d assignments in 60 s in which every region used more than its share", sent)
+	}
+	low = true
+	cl.run(20*time.Second, every, rate)
+	if got := cl.shares(""); got[0] > 0.1 {
+		t.Fatalf("us offers 5/s of 100/s and holds %.3f: a saturated split froze", got)
+	}
+}
