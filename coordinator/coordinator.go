@@ -121,6 +121,7 @@ type Coordinator struct {
 	regions  []string
 	regionOf map[string]int
 	limits   []*limitState
+	floorBuf []float64 // scratch of floorsOf
 	limitOf  map[string]*limitState
 
 	term    int64
@@ -172,10 +173,14 @@ type limitState struct {
 	hits   bool      // it counts requests (cost ≈ hits), so a rate's noise is about its square root
 	lag    uint8     // rebalances in a row its default vector stayed within the hysteresis of its targets
 	floors []float64 // by region
-	def    []cell    // the default vector, by region
-	index  map[string]int32
-	keys   []hotKey
-	cells  []cell // key i's vector is cells[i*n : i*n+n] for n regions
+	// units is, by region, the least share that gives each of the
+	// region's instances with demand one request a window, where the
+	// Fleet divides the limit among instances (0: none); see floorsOf.
+	units []float64
+	def   []cell // the default vector, by region
+	index map[string]int32
+	keys  []hotKey
+	cells []cell // key i's vector is cells[i*n : i*n+n] for n regions
 	// unsaved: def is InitialShares, of which no record exists yet (see
 	// Coordinator.Unsaved).
 	unsaved bool
@@ -1022,7 +1027,7 @@ func (t *tally) add(cs []cell) {
 // region's enforcers count the key's every request.
 func (c *Coordinator) retarget(ls *limitState, cs, def []cell, lag *uint8) {
 	v := &c.vec
-	v.Floors, v.Scale = ls.floors, ls.scale
+	v.Floors, v.Scale = c.floorsOf(ls), ls.scale
 	unknown := false
 	for r := range cs {
 		x := &cs[r]
@@ -1101,6 +1106,47 @@ func saturated(v *Vector) bool {
 		any = true
 	}
 	return any
+}
+
+// floorsOf is limit ls's floors: the configured ones, each raised to
+// the region's units (one request a window for each of its instances
+// with demand, see setUnits) where all of them fit in the limit. Below
+// that, an instance's part of a share is a fraction of a request a
+// window, and a sliding window or bucket admits only whole requests: a
+// region of 10 instances with a share of 0.49 of 20 a window holds 0.98
+// at each instance, and admits nothing.
+func (c *Coordinator) floorsOf(ls *limitState) []float64 {
+	if ls.units == nil {
+		return ls.floors
+	}
+	c.floorBuf = grow(c.floorBuf, len(ls.floors))
+	sum, raised := 0.0, false
+	for r, f := range ls.floors {
+		u := ls.units[r]
+		raised = raised || u > f
+		c.floorBuf[r] = max(f, u)
+		sum += c.floorBuf[r]
+	}
+	if !raised || sum > 1+1e-9 {
+		return ls.floors
+	}
+	return c.floorBuf
+}
+
+// setUnits sets region r's units for limit ls: n instances with demand
+// and amount a window (see floorsOf).
+func (c *Coordinator) setUnits(limit string, r, n int, amount float64) {
+	ls := c.limitOf[limit]
+	if ls == nil || amount <= 0 {
+		return
+	}
+	if ls.units == nil {
+		if n == 0 {
+			return
+		}
+		ls.units = make([]float64, len(c.regions))
+	}
+	ls.units[r] = float64(n) / amount
 }
 
 func retired(cs []cell) bool {

@@ -126,7 +126,10 @@ type Fleet struct {
 	// long is, by Weighted limit, its window where it is a sliding window
 	// longer than the period (0: otherwise): its weights move once a
 	// window (see timedWeights).
-	long     []time.Duration
+	long []time.Duration
+	// amount is, by Weighted limit, its amount a window where it counts
+	// requests (0: otherwise), for one request's weight (see divide).
+	amount   []float64
 	regions  []*fleetRegion
 	regionOf map[string]int
 	quiet    time.Time // until then, instances of an earlier leader may hold grants
@@ -371,6 +374,11 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 				w = l.Rate.Period
 			}
 			f.long = append(f.long, w)
+			var a float64
+			if l.Unit == allot.Requests {
+				a = float64(l.Rate.Amount)
+			}
+			f.amount = append(f.amount, a)
 		}
 	}
 	// A new leader pools nothing, and from the next window only: what an
@@ -1281,17 +1289,29 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 			fr.state[i] = memberFrozen // until its grant expires
 		}
 	}
+	ri := f.regionOf[fr.name]
 	for j, l := range f.weighted {
 		cs := fr.cells[:0]
+		busy := 0 // live instances with demand
 		for i, in := range fr.insts {
 			cs = append(cs, in.w[j])
 			fr.demand[i] = in.demand(l)
 			if in.rates == nil && fr.state[i] == memberLive {
 				fr.demand[i] = -1 // no report yet: see divide
 			}
+			if fr.state[i] == memberLive && fr.demand[i] != 0 {
+				busy++
+			}
+		}
+		unit := 0.0 // the weight of one request a window
+		if a := f.amount[j]; a > 0 {
+			f.co.setUnits(l, ri, busy, a)
+			if s := fr.shares.Share(l, ""); s > 0 {
+				unit = 1 / (a * s)
+			}
 		}
 		if retarget && (f.long[j] == 0 || newcomer(cs, fr.state) || f.timedWeights(fr, j, now)) {
-			divide(cs, fr.state, fr.demand, 1, fr.want)
+			divide(cs, fr.state, fr.demand, 1, fr.want, unit)
 		}
 		clip := noRaise
 		if !quiet && unaware && loose(fr, j) {
@@ -1468,7 +1488,7 @@ func (f *Fleet) moveKeys(now time.Time, fr *fleetRegion, retarget bool, only *fl
 		}
 		if k.apart {
 			if retarget {
-				divide(cs, fr.state, fr.demand, 1-keyRest, fr.want)
+				divide(cs, fr.state, fr.demand, 1-keyRest, fr.want, 0)
 			}
 			// The rest factor takes its part of the vector.
 			cs = append(cs, cell{share: k.rest.bound, bound: k.rest.bound, target: k.rest.bound})
@@ -1547,8 +1567,13 @@ func (f *Fleet) keyTTL() time.Duration {
 // the live ones leave more than weightHysteresis of it unused (what an
 // instance that left gave up, spread over many). An instance that has
 // not reported yet (demand < 0) counts with the mean demand of those that
-// have. want is scratch space, at least len(cs) long.
-func divide(cs []cell, state []uint8, demand []float64, avail float64, want []float32) {
+// have. Where unit (the weight of one request a window; 0: none) times
+// the live instances with demand fits in avail, each of them gets at
+// least unit, out of what the others have above it, and the cells move
+// when one is below it: below one request a window an instance admits
+// nothing of a key at that share. want is scratch space, at least
+// len(cs) long.
+func divide(cs []cell, state []uint8, demand []float64, avail float64, want []float32, unit float64) {
 	all, live, sum := false, 0, 0.0
 	heard, known := 0, 0.0 // live instances that reported, and their demand
 	for i := range cs {
@@ -1607,18 +1632,64 @@ func divide(cs []cell, state []uint8, demand []float64, avail float64, want []fl
 		default:
 			want[i] = down32(avail / float64(live))
 		}
+	}
+	short := !all && unit > 0 && lift1(cs, state, demand, avail, want, unit)
+	for i := range cs {
 		d := math.Abs(float64(want[i] - cs[i].share))
 		if d > hysteresis && d > float64(max(want[i], cs[i].share))/3 {
 			moved = true
 		}
 	}
-	moved = moved || !all && live > 0 && unused > weightHysteresis
+	moved = moved || short || !all && live > 0 && unused > weightHysteresis
 	for i := range cs {
 		cs[i].target = cs[i].share
 		if moved {
 			cs[i].target = want[i]
 		}
 	}
+}
+
+// lift1 raises the want of every live instance with demand to unit at
+// least (see divide), where they all fit in avail, out of what the live
+// ones have above unit, in proportion; it reports whether one of them
+// holds less than unit now.
+func lift1(cs []cell, state []uint8, demand []float64, avail float64, want []float32, unit float64) bool {
+	busy, short, spare := 0, 0.0, 0.0
+	below := false
+	for i := range cs {
+		if state[i] != memberLive {
+			continue
+		}
+		w := float64(want[i])
+		if demand[i] != 0 {
+			busy++
+			short += max(unit-w, 0)
+			below = below || float64(cs[i].share) < unit*(1-1e-6)
+		}
+		spare += max(w-unit, 0)
+	}
+	if float64(busy)*unit > avail || short == 0 && !below {
+		return false
+	}
+	if short > 0 && spare > 0 {
+		// What the wants leave unused to rounding may make spare a hair
+		// less than short: the instances short then get a hair less than
+		// unit (see regional's fitSlack).
+		give, take := min(spare/short, 1), min(short/spare, 1)
+		for i := range cs {
+			if state[i] != memberLive {
+				continue
+			}
+			w := float64(want[i])
+			switch {
+			case demand[i] != 0 && w < unit:
+				want[i] = down32(w + (unit-w)*give)
+			case w > unit:
+				want[i] = down32(w - (w-unit)*take)
+			}
+		}
+	}
+	return below
 }
 
 // timedWeights reports whether a rebalance of fr at now moves the weights

@@ -56,7 +56,13 @@ func newFleetWorld(t testing.TB, prev *Fleet) *fleetWorld {
 // newFleetWorldHot is newFleetWorld with a Coordinator's HotTTL (0: the
 // default).
 func newFleetWorldHot(t testing.TB, prev *Fleet, hotTTL time.Duration) *fleetWorld {
-	cfg, err := allot.ParseConfig("fleet.yaml", []byte(fleetConfig))
+	return newFleetWorldOf(t, prev, hotTTL, fleetConfig)
+}
+
+// newFleetWorldOf is newFleetWorldHot with a configuration of its own,
+// which has a local limit loc and an exact one ex.
+func newFleetWorldOf(t testing.TB, prev *Fleet, hotTTL time.Duration, config string) *fleetWorld {
+	cfg, err := allot.ParseConfig("fleet.yaml", []byte(config))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -821,6 +827,42 @@ func TestRemovedRegionHoldsWhatItsInstancesHold(t *testing.T) {
 		}
 		if w.loc(a) < 0.95 {
 			t.Fatalf("left %v: us-east applies %v after the hold, want the whole limit", left, w.loc(a))
+		}
+	}
+}
+
+// TestFleetGivesEveryBusyInstanceAWholeRequest: a limit of 20 a window
+// over 20 instances (10, 6 and 4 by region), with us offering four times
+// what each instance of eu and ap offers. Divided by demand, ap's share
+// would be 0.08, 0.4 of a request a window at each of its instances,
+// which admit nothing; and a region's instances would hold a part of
+// their share that follows their noise, some of them a hair below one
+// request. Each region gets at least one request a window for each of its
+// instances with demand (its units, where all of them fit), and each such
+// instance at least one request a window of its region's share.
+func TestFleetGivesEveryBusyInstanceAWholeRequest(t *testing.T) {
+	w := newFleetWorldOf(t, nil, 0, `
+domain: api
+regions: [us-east, eu-west, ap]
+limits:
+  - {name: loc, match: {}, rate: 20/1s}
+  - {name: ex, match: {}, rate: 1000/1s, enforcement: exact}
+`)
+	demand := map[*fleetInst]float64{}
+	for r, n := range map[string]int{"us-east": 10, "eu-west": 6, "ap": 4} {
+		for i := range n {
+			in := w.start(r, fmt.Sprintf("%s-%d", r, i))
+			w.connect(in)
+			demand[in] = 1 + float64(i%3)/10 // uneven within a region, a little
+			if r == "us-east" {
+				demand[in] *= 4
+			}
+		}
+	}
+	w.run(20*time.Second, demand)
+	for in := range demand {
+		if got := 20 * w.loc(in); got < 1-1e-5 {
+			t.Errorf("%s holds %.6f of a request a window, want at least 1", in.id, got)
 		}
 	}
 }

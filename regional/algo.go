@@ -42,6 +42,16 @@ type params struct {
 	spentAt, backAt int64
 }
 
+// fitSlack is how far below a whole amount an allowance may be and
+// still admit it: a share, a weight and their product are rounded (shares
+// are float32, rounded down), and one whole request a window at an
+// instance (20 a window × a share of 0.3 ÷ 6 instances) comes out a few
+// 1e-7 short of 1, which would admit nothing. It is far below any cost
+// (a whole number), so what n instances admit together exceeds the sum
+// of their allowances by less than n × fitSlack: below one request for
+// fewer than 100,000 instances, and admissions are whole.
+const fitSlack = 1e-5
+
 // maxWait caps reported durations: a key whose rate is 0 (share 0) never
 // refills, and reports this instead of infinity.
 const maxWait = int64(366 * 24 * time.Hour)
@@ -172,7 +182,7 @@ func takeTokens(s *slot, now int64, p params, cost float64, force bool) outcome 
 		now = last // time never runs backwards for one key
 	}
 	tok := tokensAt(s, now, p)
-	o := outcome{allowed: cost <= tok}
+	o := outcome{allowed: cost <= tok+fitSlack}
 	if o.allowed || force {
 		tok -= cost
 	} else {
@@ -217,7 +227,7 @@ func takeWindow(s *slot, now int64, p params, cost float64, force bool) outcome 
 	left := float64(s.t + p.period - now) // ns until the window ends
 	// est·P = prev·left + cur·P
 	estP := s.b*left + s.a*period
-	fits := estP+cost*period <= p.amount*period
+	fits := estP+cost*period <= (p.amount+fitSlack)*period
 	capped := p.cap > 0 && s.a+cost > p.cap
 	spent := p.spentAt > 0 && s.t <= p.spentAt && p.spentAt < s.t+p.period
 	o := outcome{allowed: fits && !capped && !spent}

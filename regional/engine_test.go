@@ -2,6 +2,7 @@ package regional
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -551,5 +552,45 @@ func TestResetShare(t *testing.T) {
 	}
 	if err := e.ResetShare("api", "u", 2, time.Time{}); err == nil {
 		t.Fatal("a share above 1 was taken")
+	}
+}
+
+// TestWholeRequestDespiteRounding: an instance's part of a limit of 20 a
+// window (a token bucket's burst is 20 too) that is one request (a region's share of 0.3, as a float32, ÷ 6
+// instances) comes out a few 1e-7 short of 1; it admits that request, and
+// no second one. A part of 0.999 admits nothing.
+func TestWholeRequestDespiteRounding(t *testing.T) {
+	for _, alg := range []string{"sliding_window", "token_bucket", "gcra"} {
+		t.Run(alg, func(t *testing.T) {
+			e := New(mustConfig(t, "domain: api\nlimits:\n  - {name: per-user, match: {user: \"*\"}, rate: 20/s, algorithm: "+alg+"}\n"), Options{})
+			// The coordinator rounds shares down to a float32.
+			share := float64(math.Nextafter32(float32(0.3), 0)) / 6
+			if 20*share >= 1 {
+				t.Fatalf("20 × %v = %v: the test wants a part just short of one request", share, 20*share)
+			}
+			if err := e.SetShare(t0, "api", "per-user", share); err != nil {
+				t.Fatal(err)
+			}
+			var dec allot.Decision
+			check := func(key string) bool {
+				t.Helper()
+				if err := e.Check(t0.Add(ms(10)), "api", user(key), 1, &dec); err != nil {
+					t.Fatal(err)
+				}
+				return dec.Allowed
+			}
+			if !check("1") {
+				t.Fatalf("%v of a request a window rejects the request", 20*share)
+			}
+			if check("1") {
+				t.Fatal("a second request admitted in the same window")
+			}
+			if err := e.SetShare(t0, "api", "per-user", 0.999/20); err != nil {
+				t.Fatal(err)
+			}
+			if check("2") {
+				t.Fatal("0.999 of a request a window admits a request")
+			}
+		})
 	}
 }
