@@ -107,7 +107,9 @@ type FleetConfig struct {
 //
 // Demand: each instance reports its own traffic; the Fleet keeps every
 // instance's latest report as a rate and forwards one report per region
-// whose amounts are the sum of its connected instances' rates.
+// whose amounts are the sum of its connected instances' rates. Weights
+// follow each instance's demand for the limit averaged in time (see
+// average).
 //
 // State and work: per instance, one cell per Weighted limit and one per
 // hot key it reported (while it reports it, and HotTTL less a period
@@ -733,6 +735,7 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 			dt = min(max(now.Sub(in.started), minReportInterval), defaultReportInterval)
 		}
 		in.rates, in.lastAt, in.lastRecv, in.fresh, in.started = rates(m, dt), m.At, now, true, time.Time{}
+		f.average(in, dt)
 		if !in.legacy {
 			f.noteHot(now, fr, in, m, dt)
 		}
@@ -1295,7 +1298,7 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 		busy := 0 // live instances with demand
 		for i, in := range fr.insts {
 			cs = append(cs, in.w[j])
-			fr.demand[i] = in.demand(l)
+			fr.demand[i] = float64(in.w[j].demand)
 			if in.rates == nil && fr.state[i] == memberLive {
 				fr.demand[i] = -1 // no report yet: see divide
 			}
@@ -1738,6 +1741,21 @@ func grow[T any](s []T, n int) []T {
 		s = append(s, make([]T, n-len(s))...)
 	}
 	return s
+}
+
+// average takes the report just received from in, which covers dt, into
+// its demand for every Weighted limit (in.w's demand): an average
+// exponentially weighted in time, with the Coordinator's half-life (the
+// mean of the reports so far until it spans one), so that an instance's
+// weight follows its demand, not the noise of one report interval.
+func (f *Fleet) average(in *fleetInstance, dt time.Duration) {
+	keep := float32(math.Exp2(-float64(dt) / float64(f.co.cfg.HalfLife)))
+	for j, l := range f.weighted {
+		c := &in.w[j]
+		k := min(keep, float32(c.n)/float32(c.n+1))
+		c.demand = k*c.demand + (1-k)*float32(in.demand(l))
+		c.n = min(c.n, 254) + 1
+	}
 }
 
 func (in *fleetInstance) demand(limit string) float64 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -863,6 +864,32 @@ limits:
 	for in := range demand {
 		if got := 20 * w.loc(in); got < 1-1e-5 {
 			t.Errorf("%s holds %.6f of a request a window, want at least 1", in.id, got)
+		}
+	}
+}
+
+// TestFleetWeightsFollowDemandNotNoise: two instances of us-east with the
+// same demand on average, 30 and 170 in turn, a second each (the noise of
+// a few requests a report interval). Their weights follow the average,
+// near even, instead of the latest report, which swung them between a
+// fifth and four fifths; every swing left an instance at its lowered part
+// for the rest of its window.
+func TestFleetWeightsFollowDemandNotNoise(t *testing.T) {
+	w := newFleetWorld(t, nil)
+	a, b := w.start("us-east", "a"), w.start("us-east", "b")
+	w.connect(a)
+	w.connect(b)
+	w.run(8*time.Second, map[*fleetInst]float64{a: 100, b: 100}) // the quiet period of a new leader
+	odd := false
+	for range 40 {
+		odd = !odd
+		da, db := 30.0, 170.0
+		if odd {
+			da, db = db, da
+		}
+		w.run(time.Second, map[*fleetInst]float64{a: da, b: db})
+		if la, lb := w.loc(a), w.loc(b); math.Abs(la-lb) > 0.2*(la+lb) {
+			t.Fatalf("a and b apply %.3f and %.3f of the local limit for the same average demand", la, lb)
 		}
 	}
 }
