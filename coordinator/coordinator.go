@@ -1095,7 +1095,7 @@ func saturated(v *Vector) bool {
 	if v.Scale <= 0 {
 		return false
 	}
-	any := false
+	some := false
 	for r := range v.Shares {
 		if !v.in(r) {
 			continue
@@ -1103,9 +1103,9 @@ func saturated(v *Vector) bool {
 		if v.Demand[r]/v.Scale < v.Shares[r] {
 			return false
 		}
-		any = true
+		some = true
 	}
-	return any
+	return some
 }
 
 // floorsOf is limit ls's floors: the configured ones, each raised to
@@ -1133,8 +1133,8 @@ func (c *Coordinator) floorsOf(ls *limitState) []float64 {
 	return c.floorBuf
 }
 
-// setUnits sets region r's units for limit ls: n instances with demand
-// and amount a window (see floorsOf).
+// setUnits sets region r's units for the named limit, whose amount a
+// window is amount, from n, its instances with demand (see floorsOf).
 func (c *Coordinator) setUnits(limit string, r, n int, amount float64) {
 	ls := c.limitOf[limit]
 	if ls == nil || amount <= 0 {

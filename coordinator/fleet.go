@@ -1292,7 +1292,7 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 			fr.state[i] = memberFrozen // until its grant expires
 		}
 	}
-	ri := f.regionOf[fr.name]
+	ri := f.co.regionOf[fr.name] // the Coordinator's index of the region
 	for j, l := range f.weighted {
 		cs := fr.cells[:0]
 		busy := 0 // live instances with demand
