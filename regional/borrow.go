@@ -55,6 +55,10 @@ type needyKey struct {
 	loan    uint64  // the ask in flight; 0 if none
 	peer    string  // whom it was sent to
 	next    int64   // no new ask before (unix ns)
+	// rejected is the cost rejected in its window, and amount its
+	// amount in it before loans (-1: not a sliding window of the limit's
+	// period), for ahead.
+	rejected, amount float64
 	refused []string
 	turn    int // round robin over the fresh peers
 	// credit is what sliding_window loans added to the key's allowance
@@ -71,7 +75,12 @@ func (ss *limitSync) borrowed(w *work, now int64) {
 	if len(side.needy) == 0 || w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
 		return
 	}
-	if nk := side.needy[w.key]; nk != nil && nk.credit > 0 && nk.creditWin == ss.window(now) {
+	nk := side.needy[w.key]
+	if nk == nil {
+		return
+	}
+	nk.amount = w.p.amount // before loans (see ahead)
+	if nk.credit > 0 && nk.creditWin == ss.window(now) {
 		w.p.amount += nk.credit
 		w.p.burst += nk.credit
 	}
@@ -103,7 +112,37 @@ func (t *table) noteRejected(items []Item, w *work, st *allot.LimitStatus) {
 		side.needy[w.key] = nk
 	}
 	nk.wanted += w.cost
+	nk.rejected += w.cost
 	nk.noted = true
+	if w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
+		nk.amount = -1
+	} else if nk.amount == 0 {
+		nk.amount = w.p.amount // a new needy key: nothing credited yet (then see borrowed)
+	}
+}
+
+// ahead is what sliding-window key nk lacks of its window at now, at the
+// rate it was asked for (admitted and rejected) since the window began:
+// its count (cur, admitted in the window) and what that rate brings
+// until the window's end, less its amount and what it was credited. 0
+// when it lacks nothing, or when it is not a sliding window of the
+// limit's period. The caller holds the key's shard lock.
+func (nk *needyKey) ahead(cur float64, now int64) float64 {
+	if nk.amount < 0 {
+		return 0
+	}
+	p := nk.ss.period
+	ws := now - now%p
+	el, left := float64(now-ws), float64(ws+p-now)
+	if el <= 0 {
+		return 0
+	}
+	rate := (cur + nk.rejected) / el // per ns
+	credit := 0.0
+	if nk.creditWin == nk.ss.window(now) {
+		credit = nk.credit
+	}
+	return max(0, cur+rate*left-nk.amount-credit)
 }
 
 // LoanAsk is a loan this region asks a peer for.
@@ -166,9 +205,22 @@ func (e *Engine) LoanAsks(now time.Time) []LoanAsk {
 				}
 				// A new window: an answer still to come is for a past one
 				// and will not be credited.
-				nk.window, nk.refused, nk.loan, nk.next = win, nil, 0, 0
+				nk.window, nk.refused, nk.loan, nk.next, nk.rejected = win, nil, 0, 0, nk.wanted
 			}
-			if !nk.noted || nk.loan != 0 || t < nk.next {
+			if nk.loan != 0 || t < nk.next {
+				continue
+			}
+			// Once rejected in its window, a key asks for what it will lack
+			// by the window's end at the rate it is asked for, not only
+			// after each rejection: an answer takes a round trip, and one
+			// asked once it runs short at the end comes too late.
+			want := nk.wanted // doubled below
+			if idx := sh.find(nk.key); idx >= 0 && nk.amount >= 0 {
+				s := &sh.slots[idx]
+				roll(s, t, params{period: nk.ss.period})
+				want = max(want, nk.ahead(s.a, t)/2)
+			}
+			if !nk.noted && want < 0.5 {
 				continue
 			}
 			peers := fresh[nk.ss]
@@ -187,7 +239,7 @@ func (e *Engine) LoanAsks(now time.Time) []LoanAsk {
 			}
 			nk.loan, nk.peer, nk.next, nk.noted = ps.loanSeq.Add(1), to, t+nk.ss.askGap(), false
 			picks = append(picks, pick{LoanAsk{Peer: to, Domain: nk.ss.domain, Limit: nk.ss.limit, Key: nk.name,
-				Window: win, Amount: int64(math.Ceil(nk.wanted)), ID: nk.loan}, nk.ss})
+				Window: win, Amount: int64(math.Ceil(want)), ID: nk.loan}, nk.ss})
 			nk.wanted = 0
 		}
 		sh.mu.Unlock()

@@ -651,3 +651,37 @@ func TestInboundRefuses(t *testing.T) {
 		t.Errorf("lend of a shared limit: %v", err)
 	}
 }
+
+// TestBorrowAsksAhead: a key offered 560 a second at a region whose share
+// is 500 a window runs short near the window's end, 0.9 s in. Its first
+// ask is for what it will lack by the end at that rate (about 54), not
+// twice what it was rejected in the tick before (about 11): an answer
+// takes a round trip, and asks sized by rejections alone ran short until
+// the window was over.
+func TestBorrowAsksAhead(t *testing.T) {
+	c := mustConfig(t, splitConfig)
+	e := New(c, Options{})
+	if err := e.SetPeers("a", []string{"b", "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetShare(t0, "api", "global", 0.5); err != nil {
+		t.Fatal(err)
+	}
+	var dec allot.Decision
+	at := t0
+	for i := range 505 { // 560 a second, from the window's start
+		at = t0.Add(time.Duration(float64(i+1) / 560 * float64(time.Second)))
+		if err := e.Check(at, "api", user("1"), 1, &dec); err != nil {
+			t.Fatal(err)
+		}
+		e.Heard(at, "b")
+		e.Heard(at, "c")
+	}
+	asks := e.LoanAsks(at)
+	if len(asks) != 1 {
+		t.Fatalf("%d asks after %d rejected, want 1", len(asks), 5)
+	}
+	if got := asks[0].Amount; got < 45 || got > 60 {
+		t.Fatalf("asked %d at %v, want what 560 a second lacks by the window's end (about 54)", got, at.Sub(t0))
+	}
+}
