@@ -46,21 +46,21 @@ func (ss *limitSync) askGap() int64 { return max(ss.period/20, int64(10*time.Mil
 // needyKey is a split-mode key rejected here: it may borrow. The lock of
 // its table shard guards it.
 type needyKey struct {
-	ss      *limitSync
-	key     uint64
-	name    string
-	wanted  float64 // cost rejected since the last ask
-	noted   bool    // rejected since the last LoanAsks
-	window  uint64  // the window it borrows for
-	loan    uint64  // the ask in flight; 0 if none
-	peer    string  // whom it was sent to
-	next    int64   // no new ask before (unix ns)
+	ss     *limitSync
+	key    uint64
+	name   string
+	wanted float64 // cost rejected since the last ask
+	noted  bool    // rejected since the last LoanAsks
+	window uint64  // the window it borrows for
+	loan   uint64  // the ask in flight; 0 if none
+	peer   string  // whom it was sent to
+	next   int64   // no new ask before (unix ns)
 	// rejected is the cost rejected in its window, and amount its
 	// amount in it before loans (-1: not a sliding window of the limit's
 	// period), for ahead.
 	rejected, amount float64
-	refused []string
-	turn    int // round robin over the fresh peers
+	refused          []string
+	turn             int // round robin over the fresh peers
 	// credit is what sliding_window loans added to the key's allowance
 	// in window creditWin.
 	credit    float64
