@@ -1295,7 +1295,7 @@ func (f *Fleet) moveWeights(now time.Time, fr *fleetRegion, retarget bool, only 
 	ri := f.co.regionOf[fr.name] // the Coordinator's index of the region
 	for j, l := range f.weighted {
 		cs := fr.cells[:0]
-		busy := 0 // live instances with demand
+		busy := 0 // live instances with demand, or not reported yet (divide counts those with the mean)
 		for i, in := range fr.insts {
 			cs = append(cs, in.w[j])
 			fr.demand[i] = float64(in.w[j].demand)
