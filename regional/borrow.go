@@ -59,21 +59,42 @@ type needyKey struct {
 	// amount in it before loans (-1: not a sliding window of the limit's
 	// period), for ahead.
 	rejected, amount float64
-	refused          []string
-	turn             int // round robin over the fresh peers
+	// own is the cost rejected since its window began: rejected less
+	// what a new window took over from the one before (see lacks).
+	own     float64
+	refused []string
+	turn    int // round robin over the fresh peers
 	// credit is what sliding_window loans added to the key's allowance
 	// in window creditWin.
 	credit    float64
 	creditWin uint64
 }
 
+// lentKey is what a split-mode sliding-window key lent of window win:
+// its amount in that window is lowered by it (debit) rather than its
+// count raised, so that the window's count, which the next window weighs
+// as the one before, holds only what the region admitted itself. The
+// borrower's count holds what it admitted of the loan: counted once, the
+// loan does not weigh on both regions' next window (a region that lent
+// most of its window could lend or admit little of the next until its
+// weight had decayed). The lock of its table shard guards it.
+type lentKey struct {
+	ss    *limitSync
+	win   uint64
+	debit float64
+}
+
 // borrowed raises a sliding_window work's amount by the loans its key
-// was credited in the current window. The caller holds the key's shard
-// lock.
+// was credited in the current window, and lowers it by what the key
+// lent of it. The caller holds the key's shard lock.
 func (ss *limitSync) borrowed(w *work, now int64) {
 	side := &ss.ps.side[shardOf(w.key)]
-	if len(side.needy) == 0 || w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
+	if len(side.needy)+len(side.lent) == 0 || w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
 		return
+	}
+	if lk := side.lent[w.key]; lk != nil && lk.win == ss.window(now) {
+		w.p.amount -= lk.debit
+		w.p.burst -= lk.debit
 	}
 	nk := side.needy[w.key]
 	if nk == nil {
@@ -113,6 +134,7 @@ func (t *table) noteRejected(items []Item, w *work, st *allot.LimitStatus) {
 	}
 	nk.wanted += w.cost
 	nk.rejected += w.cost
+	nk.own += w.cost
 	nk.noted = true
 	if w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
 		nk.amount = -1
@@ -128,6 +150,12 @@ func (t *table) noteRejected(items []Item, w *work, st *allot.LimitStatus) {
 // when it lacks nothing, or when it is not a sliding window of the
 // limit's period. The caller holds the key's shard lock.
 func (nk *needyKey) ahead(cur float64, now int64) float64 {
+	return nk.aheadAt(cur, nk.rejected, now)
+}
+
+// aheadAt is ahead with rejected, the cost taken as rejected in the
+// window.
+func (nk *needyKey) aheadAt(cur, rejected float64, now int64) float64 {
 	if nk.amount < 0 {
 		return 0
 	}
@@ -137,12 +165,30 @@ func (nk *needyKey) ahead(cur float64, now int64) float64 {
 	if el <= 0 {
 		return 0
 	}
-	rate := (cur + nk.rejected) / el // per ns
+	rate := (cur + rejected) / el // per ns
 	credit := 0.0
 	if nk.creditWin == nk.ss.window(now) {
 		credit = nk.credit
 	}
 	return max(0, cur+rate*left-nk.amount-credit)
+}
+
+// lacks reports whether key nk, with an ask in flight, will lack
+// allowance by its window's end at its own pace in the window (aheadAt,
+// without what the window before was refused): a key that asks for what
+// it was refused at the end of the window before, a burst's tail, and
+// has no such need in this one may lend. In bursts-peers eu, asking so
+// after its first burst with three quarters of the limit idle, refused
+// us as needy for the rest of that window (us admitted 222 of its 500).
+// The caller holds the key's shard lock.
+func (nk *needyKey) lacks(sh *shard, now int64) bool {
+	idx := sh.find(nk.key)
+	if idx < 0 || nk.amount < 0 {
+		return true
+	}
+	s := &sh.slots[idx]
+	roll(s, now, params{period: nk.ss.period})
+	return nk.aheadAt(s.a, nk.own, now) >= 0.5
 }
 
 // LoanAsk is a loan this region asks a peer for.
@@ -205,7 +251,7 @@ func (e *Engine) LoanAsks(now time.Time) []LoanAsk {
 				}
 				// A new window: an answer still to come is for a past one
 				// and will not be credited.
-				nk.window, nk.refused, nk.loan, nk.next, nk.rejected = win, nil, 0, 0, nk.wanted
+				nk.window, nk.refused, nk.loan, nk.next, nk.rejected, nk.own = win, nil, 0, 0, nk.wanted, 0
 			}
 			if nk.loan != 0 || t < nk.next {
 				continue
@@ -407,7 +453,7 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 	g := LoanGrant{}
 	sh, side := &e.table.shards[shardOf(h)], &ps.side[shardOf(h)]
 	sh.mu.Lock()
-	if nk := side.needy[h]; nk != nil && nk.window == win && (nk.noted || nk.loan != 0) {
+	if nk := side.needy[h]; nk != nil && nk.window == win && (nk.noted || nk.loan != 0 && nk.lacks(sh, t)) {
 		g.Refused = "needy"
 	} else {
 		idx := sh.find(h)
@@ -420,10 +466,31 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 			hist.catchUp(&sh.slots[idx], base, ls.changeFor(base))
 		}
 		s := &sh.slots[idx]
-		if n := math.Floor(min(float64(req.Amount), available(s, t, p)*lendFraction)); n >= 1 && take(s, t, p, n, false).allowed {
+		var lk *lentKey
+		if p.alg == allot.SlidingWindow && p.period == ss.period {
+			if lk = side.lent[h]; lk == nil && len(side.lent) < maxNeedyPerShard {
+				if side.lent == nil {
+					side.lent = map[uint64]*lentKey{}
+				}
+				lk = &lentKey{ss: ss, win: win}
+				side.lent[h] = lk
+			}
+			if lk != nil && lk.win != win {
+				lk.win, lk.debit = win, 0
+			}
+			if lk != nil {
+				p.amount -= lk.debit
+				p.burst -= lk.debit
+			}
+		}
+		switch n := math.Floor(min(float64(req.Amount), available(s, t, p)*lendFraction)); {
+		case n >= 1 && lk != nil:
+			g.Granted, lk.debit = int64(n), lk.debit+n
+			p.amount -= n
+		case n >= 1 && take(s, t, p, n, false).allowed:
 			g.Granted = int64(n)
 			sh.noteWindow(ls, base, s)
-		} else {
+		default:
 			g.Refused = "no_spare"
 		}
 		g.Remaining = int64(math.Floor(available(s, t, p) * lendFraction))

@@ -76,6 +76,7 @@ type sideShard struct {
 	shared map[uint64]*sharedKey // shared-mode keys, by key hash
 	dirty  []*sharedKey          // those touched since they were last collected
 	needy  map[uint64]*needyKey  // split-mode keys rejected here: they may borrow
+	lent   map[uint64]*lentKey   // split-mode sliding-window keys that lent of their window
 }
 
 // limitSync is one limit's link to the other regions. Its configuration

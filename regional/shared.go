@@ -850,6 +850,11 @@ func (e *Engine) maintain(now time.Time) {
 				delete(side.needy, h)
 			}
 		}
+		for h, lk := range side.lent {
+			if lk.win < lk.ss.window(t) {
+				delete(side.lent, h)
+			}
+		}
 		sh.mu.Unlock()
 	}
 	for _, ss := range syncs {

@@ -685,3 +685,68 @@ func TestBorrowAsksAhead(t *testing.T) {
 		t.Fatalf("asked %d at %v, want what 560 a second lacks by the window's end (about 54)", got, at.Sub(t0))
 	}
 }
+
+// lender is an engine of region a with peer b at share 0.5 of the split
+// limit (500 a window).
+func lender(t *testing.T) *Engine {
+	t.Helper()
+	e := New(mustConfig(t, splitConfig), Options{})
+	if err := e.SetPeers("a", []string{"b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetShare(t0, "api", "global", 0.5); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestLentAllowanceWeighsOnceOnTheNextWindow: a region that lent 200 of
+// its 500 and admitted 100 itself admits at most the 200 left in that
+// window, and its next window weighs only the 100 it admitted (a sliding
+// window weighs the window before): the 200 weigh on the borrower's next
+// window, which admitted them. Counted at the lender as well, a loan
+// weighed on both regions' next window, and a region whose turn ended
+// could lend or admit little of it (flip-peers, 87.6% of a demand under L).
+func TestLentAllowanceWeighsOnceOnTheNextWindow(t *testing.T) {
+	e := lender(t)
+	if got := admitN(t, e, t0, "1", 100); got != 100 {
+		t.Fatalf("admitted %d of 100 at share 500", got)
+	}
+	g, err := e.Lend(t0.Add(500*time.Millisecond), LoanRequest{From: "b", Domain: "api", Limit: "global", Key: "global:user=1",
+		Window: uint64(t0.Unix()), Amount: 200, ID: 1})
+	if err != nil || g.Granted != 200 {
+		t.Fatalf("lent %+v, %v; want 200 (half of the 400 left)", g, err)
+	}
+	if got := admitN(t, e, t0.Add(600*time.Millisecond), "1", 300); got != 200 {
+		t.Fatalf("admitted %d after lending 200, want the 200 left", got)
+	}
+	// The next window, 10 ms in: 500 less 300 × 0.99 of its own.
+	if got := admitN(t, e, t0.Add(time.Second+10*time.Millisecond), "1", 300); got < 200 {
+		t.Fatalf("admitted %d of 300 early in the next window, want about 203 (its own 300 weighed, not the 200 lent)", got)
+	}
+}
+
+// TestLenderPastItsNeedLends: a key refused at the end of a window asks
+// at the start of the next for what it was refused; with that ask in
+// flight and no need of its own in the new window (a burst's tail), it
+// lends to a peer rather than refusing as needy. In bursts-peers eu so
+// refused us for the rest of the window after its first burst while it
+// held three quarters of the limit idle (us admitted 222 of its 500).
+func TestLenderPastItsNeedLends(t *testing.T) {
+	e := lender(t)
+	at := t0.Add(900 * time.Millisecond)
+	e.Heard(at, "b")
+	if got := admitN(t, e, at, "1", 600); got != 500 {
+		t.Fatalf("admitted %d of 600, want 500", got)
+	}
+	at = t0.Add(time.Second + 20*time.Millisecond)
+	e.Heard(at, "b")
+	if asks := e.LoanAsks(at); len(asks) != 1 {
+		t.Fatalf("asks %+v at the next window's start, want one for what was refused", asks)
+	}
+	g, err := e.Lend(at.Add(300*time.Millisecond), LoanRequest{From: "b", Domain: "api", Limit: "global", Key: "global:user=1",
+		Window: uint64(t0.Unix()) + 1, Amount: 50, ID: 7})
+	if err != nil || g.Granted != 50 {
+		t.Fatalf("lend with no need of its own: %+v, %v; want 50 granted", g, err)
+	}
+}
