@@ -53,16 +53,38 @@ func (c *ClockSync) Sample(now time.Time, e ClockEcho) bool {
 // Offset returns what to add to the instance's clock at now to read the
 // coordinator's, and the most that may be off by; ok is false before the
 // first sample and when every sample is older than clockSampleAge.
+//
+// Each sample bounds the offset to its own offset ± its error (grown by
+// the drift since): the estimate is the middle of where the recent
+// samples' bounds overlap, newest first, and its error half that
+// overlap. It is as strict a bound as the best sample's and, as the
+// fastest trip each way may come from different samples, closer to true
+// time than any one of them: one sample's offset is off by half the
+// asymmetry of its two trips, the overlap's middle by half that of the
+// fastest trip each way (NTP's intersection of correct intervals). A
+// sample whose bound misses those of the newer ones (the clock was set,
+// or stepped) ends the overlap: the older ones are not taken.
 func (c *ClockSync) Offset(now time.Time) (offset, err time.Duration, ok bool) {
-	for _, s := range c.samples[:c.n] {
+	var lo, hi time.Duration
+	for i := range c.n {
+		s := c.samples[(c.next-1-i+2*clockSamples)%clockSamples] // newest first
 		age := now.Sub(s.at)
 		if age > clockSampleAge {
 			continue
 		}
 		e := s.err + time.Duration(float64(max(age, 0))*ClockDrift)
-		if !ok || e < err {
-			offset, err, ok = s.offset, e, true
+		l, h := s.offset-e, s.offset+e
+		if ok && (l > hi || h < lo) {
+			break
 		}
+		if !ok {
+			lo, hi, ok = l, h, true
+			continue
+		}
+		lo, hi = max(lo, l), min(hi, h)
 	}
-	return offset, err, ok
+	if !ok {
+		return 0, 0, false
+	}
+	return lo + (hi-lo)/2, (hi - lo + 1) / 2, true
 }

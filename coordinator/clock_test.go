@@ -7,9 +7,11 @@ import (
 
 // TestClockSync: an instance whose clock reads 500ms behind the
 // coordinator's learns the offset from its reports' echoes within the
-// error bound, whatever the asymmetry of the two ways; the least-error
-// sample wins, its error grows with age, and contradicting echoes are
-// ignored.
+// error bound, whatever the asymmetry of the two ways; the samples'
+// bounds overlap where the offset is (a fast way up from one sample and
+// a fast way down from another bound it closer than either), the error
+// grows with age, a sample whose bound misses the newer ones' is not
+// taken, and contradicting echoes are ignored.
 func TestClockSync(t *testing.T) {
 	const behind = 500 * time.Millisecond
 	t0 := time.Unix(1_700_000_000, 0)
@@ -29,8 +31,8 @@ func TestClockSync(t *testing.T) {
 		wantErr        time.Duration // of the estimate after this sample
 	}{
 		{90 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond},
-		{30 * time.Millisecond, 200 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond}, // held long: the hold is not error
-		{100 * time.Millisecond, 0, 100 * time.Millisecond, 30 * time.Millisecond},                    // worse: the better one stays
+		{30 * time.Millisecond, 200 * time.Millisecond, 30 * time.Millisecond, 20 * time.Millisecond}, // held long: the hold is not error; with the first, [−10ms, +30ms]
+		{100 * time.Millisecond, 0, 100 * time.Millisecond, 20 * time.Millisecond},                    // a wider bound: the overlap stays
 	}
 	at := t0
 	for i, r := range rows {
@@ -56,8 +58,24 @@ func TestClockSync(t *testing.T) {
 	}
 	// A minute later the error has grown by the drift of a minute.
 	_, err, _ := c.Offset(local(at.Add(time.Minute)))
-	if want := 30*time.Millisecond + time.Duration(float64(62*time.Second)*ClockDrift); err < want-time.Millisecond || err > want+time.Millisecond {
+	if want := 20*time.Millisecond + time.Duration(float64(62*time.Second)*ClockDrift); err < want-time.Millisecond || err > want+time.Millisecond {
 		t.Fatalf("error a minute later %v, want about %v", err, want)
+	}
+	// The clock is set 300ms forward: the next sample's bound misses the
+	// older ones', which are not taken with it.
+	stepped := func(coord time.Time) time.Time { return local(coord).Add(300 * time.Millisecond) }
+	{
+		at := at.Add(2 * time.Minute)
+		e := ClockEcho{ReportAt: stepped(at), Received: at.Add(20 * time.Millisecond), Sent: at.Add(20 * time.Millisecond)}
+		c := c
+		now := stepped(at.Add(40 * time.Millisecond))
+		if !c.Sample(now, e) {
+			t.Fatal("sample after the step refused")
+		}
+		off, err, _ := c.Offset(now)
+		if d := off - (behind - 300*time.Millisecond); d > err || -d > err || err.Round(time.Millisecond) != 20*time.Millisecond {
+			t.Fatalf("after the step: offset %v ± %v, true %v", off, err, behind-300*time.Millisecond)
+		}
 	}
 	// Echoes that contradict themselves change nothing.
 	before := c
