@@ -250,6 +250,10 @@ type fleetInstance struct {
 	started time.Time
 	rates   streamReport
 	w       []cell // by weighted limit
+	// helloAt is when its latest hello was sent (Ack.SentAt, its clock),
+	// helloRecv when the coordinator took it: a grant echoes them while
+	// no report has come (ClockEcho).
+	helloAt, helloRecv time.Time
 	// keys are its weights of its own for hot keys, in the order they
 	// appeared; byKey the same, by key.
 	keys  []*keyCell
@@ -383,16 +387,19 @@ func NewFleet(now time.Time, cfg FleetConfig, snap Snapshot, prev *Fleet) (*Flee
 			f.amount = append(f.amount, a)
 		}
 	}
-	// A new leader pools nothing, and from the next window only: what an
-	// earlier one granted of this one it does not know.
-	f.pool, f.wanters, f.keyed = map[keyID]pooled{}, map[keyID][]*fleetInstance{}, make([]int64, len(f.weighted))
-	for j := range f.keyed {
-		f.keyed[j] = now.UnixNano()
-	}
 	// An earlier leader persisted records (Term) or at least whom it
 	// granted (Members: a Ready of members only writes no Term).
 	earlier := snap.Term > 0 || snap.Members != nil
 	fresh := prev == nil && !earlier
+	// A new leader pools nothing, and from the next window only: what an
+	// earlier one granted of this one it does not know. The first leader
+	// of a fleet pools from its start: nothing was granted before it.
+	f.pool, f.wanters, f.keyed = map[keyID]pooled{}, map[keyID][]*fleetInstance{}, make([]int64, len(f.weighted))
+	for j := range f.keyed {
+		if !fresh {
+			f.keyed[j] = now.UnixNano()
+		}
+	}
 	for i, r := range d.Regions {
 		app, err := NewApplier(d, r, snap)
 		if err != nil {
@@ -572,6 +579,7 @@ func (f *Fleet) Attach(now time.Time, region, id string, legacy bool, hello Ack,
 	}
 	delete(fr.awaiting, id)
 	in.attached, in.full, in.heard = true, false, now
+	in.helloAt, in.helloRecv = hello.SentAt, now
 	if hello.Term == 0 && in.lastAt.IsZero() {
 		in.started = now
 	}
@@ -1058,8 +1066,14 @@ func (f *Fleet) grant(now time.Time, fr *fleetRegion, in *fleetInstance, a Assig
 	}
 	f.stats.Grants++
 	a.Instance, a.Grant = in.id, g
-	if !in.lastAt.IsZero() {
+	switch {
+	case !in.lastAt.IsZero():
 		a.Clock = &ClockEcho{ReportAt: in.lastAt, Received: in.lastRecv, Sent: now}
+	case !in.helloAt.IsZero():
+		// Before its first report: its hello's, so that it knows its
+		// clock from its first grant on (and may move allowance from
+		// then on: see regional/node).
+		a.Clock = &ClockEcho{ReportAt: in.helloAt, Received: in.helloRecv, Sent: now}
 	}
 	return a
 }

@@ -73,6 +73,10 @@ type Instance struct {
 	// the limits whose releases its coordinator pools (Grant.Pooled).
 	extras             []Moved
 	pooled, pooledKeys []string
+	// early is the latest grant refused for coming before the first full
+	// grant of its stream (the coordinator sent it after that one), until
+	// TakeEarly.
+	early *Assignment
 }
 
 // NewInstance returns the Instance id of region in domain d, holding
@@ -142,7 +146,23 @@ func (x *Instance) Behind() bool { return x.behind }
 
 // Reconnect says a new stream begins: until a full grant arrives, other
 // assignments are refused.
-func (x *Instance) Reconnect() { x.upToDate = false }
+func (x *Instance) Reconnect() { x.upToDate, x.early = false, nil }
+
+// TakeEarly returns, once, the grant that Apply refused for coming before
+// the full grant it has since applied, if it came after that one: the
+// caller applies it next (a stream that does not keep its messages in
+// order need not lose a lowering that followed a full grant closely).
+func (x *Instance) TakeEarly() *Assignment {
+	e := x.early
+	if e == nil || !x.upToDate {
+		return nil
+	}
+	x.early = nil
+	if e.Term != x.term || e.Grant.Seq <= x.seq {
+		return nil
+	}
+	return e
+}
 
 // Hello returns what the instance tells a coordinator when it connects:
 // the latest assignment and grant it applied, and the weights it holds:
@@ -262,6 +282,9 @@ func (x *Instance) Apply(now time.Time, m Assignment) ([]Share, Ack, error) {
 	case m.Term < x.term:
 		return nil, Ack{}, fmt.Errorf("%w: grant of term %d, applied term %d", ErrStale, m.Term, x.term)
 	case !g.Full && !x.upToDate:
+		if x.early == nil || m.Term > x.early.Term || m.Term == x.early.Term && g.Seq > x.early.Grant.Seq {
+			x.early = &m
+		}
 		return nil, Ack{}, fmt.Errorf("%w: a grant that is not full before the first full grant of a stream", ErrStale)
 	case g.Full && (m.Term < x.region.term || m.Term == x.region.term && m.Version < x.region.version):
 		return nil, Ack{}, fmt.Errorf("%w: a full grant of version %d, applied %d", ErrStale, m.Version, x.region.version)

@@ -97,6 +97,11 @@ type Ack struct {
 	// counts from the next one (see Moved).
 	Released []Moved
 	Wanted   []Moved
+	// SentAt, in a hello only: when the instance sent it, by its own
+	// clock. The full grant that answers it echoes it (ClockEcho), so
+	// that the instance knows its clock's offset from its first grant
+	// on, before its first report.
+	SentAt time.Time
 }
 
 // Moved is a quantity of one window's allowance of a Weighted

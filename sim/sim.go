@@ -578,7 +578,7 @@ func (w *world) farewell(r *region) {
 		if in.n == nil {
 			continue
 		}
-		hello, weights, err := in.n.Connect(w.dom.Name)
+		hello, weights, err := in.n.Connect(w.clock(r), w.dom.Name)
 		if err != nil || !hello.Leaving {
 			continue
 		}
@@ -597,7 +597,7 @@ func (w *world) farewell(r *region) {
 // connect opens instance in's stream to the coordinator running now: its
 // hello, then the coordinator's full grant.
 func (w *world) connect(r *region, in *instance) {
-	hello, weights, err := in.n.Connect(w.dom.Name)
+	hello, weights, err := in.n.Connect(w.clock(r), w.dom.Name)
 	if err != nil {
 		panic(err) // the domain is the world's own
 	}

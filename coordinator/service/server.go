@@ -264,7 +264,7 @@ func (s *Server) Connect(stream allotv1.Coordinator_ConnectServer) error {
 	// Each instance of a region has a stream of its own; the Hello's
 	// assignment and grant, if any, count as acked by this instance.
 	rs := d.attach(hello.GetRegion(), hello.GetInstance(),
-		coordinator.Ack{Term: hello.GetTerm(), Version: hello.GetVersion(), Seq: hello.GetGrantSeq(), Leaving: hello.GetLeaving()}, wire.FromWeights(hello.GetWeights()))
+		coordinator.Ack{Term: hello.GetTerm(), Version: hello.GetVersion(), Seq: hello.GetGrantSeq(), Leaving: hello.GetLeaving(), SentAt: wire.HelloSentAt(hello)}, wire.FromWeights(hello.GetWeights()))
 	defer d.detach(rs)
 	errc := make(chan error, 2)
 	go func() {

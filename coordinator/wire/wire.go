@@ -38,7 +38,25 @@ func Ack(a coordinator.Ack) *allotv1.RegionMessage {
 func Hello(a coordinator.Ack, weights []coordinator.Weight) *allotv1.RegionMessage {
 	return &allotv1.RegionMessage{Msg: &allotv1.RegionMessage_Hello{Hello: &allotv1.Hello{
 		Domain: a.Domain, Region: a.Region, Term: a.Term, Version: a.Version, Instance: a.Instance, GrantSeq: a.Seq, Weights: weightsOut(weights),
-		Leaving: a.Leaving}}}
+		Leaving: a.Leaving, SentAt: timeOut(a.SentAt)}}}
+}
+
+// HelloSentAt is when h says it was sent (Ack.SentAt): the zero time for
+// none or one that is not a valid time, which only costs the instance
+// its clock's estimate until its first report.
+func HelloSentAt(h *allotv1.Hello) time.Time {
+	if t := h.GetSentAt(); t != nil && t.IsValid() {
+		return t.AsTime()
+	}
+	return time.Time{}
+}
+
+// timeOut converts t for the wire: nil for the zero time.
+func timeOut(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }
 
 func weightsOut(ws []coordinator.Weight) []*allotv1.Weight {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/allot-dev/allot"
 	"github.com/allot-dev/allot/coordinator"
@@ -116,4 +117,24 @@ func FuzzFleetAck(f *testing.F) {
 			_, _ = fl.Step(w.Add(2*time.Second), m)
 		}
 	})
+}
+
+// A hello's sending time survives the wire; a hello without one, or with
+// one that is not a valid time, names none (the zero time): the full
+// grant then echoes nothing, and the instance learns its clock from its
+// first report's echo.
+func TestHelloSentAtRoundTrip(t *testing.T) {
+	at := time.Unix(100, 5).UTC()
+	h := Hello(coordinator.Ack{Domain: "api", Region: "us", Instance: "i1", SentAt: at}, nil).GetHello()
+	if got := HelloSentAt(h); !got.Equal(at) {
+		t.Fatalf("sent at %v, want %v", got, at)
+	}
+	h = Hello(coordinator.Ack{Domain: "api", Region: "us", Instance: "i1"}, nil).GetHello()
+	if h.GetSentAt() != nil || !HelloSentAt(h).IsZero() {
+		t.Fatalf("a hello without a time: %v", h.GetSentAt())
+	}
+	h.SentAt = &timestamppb.Timestamp{Seconds: 1, Nanos: -1}
+	if got := HelloSentAt(h); !got.IsZero() {
+		t.Fatalf("an invalid time read as %v, want none", got)
+	}
 }

@@ -332,7 +332,7 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 	if err != nil {
 		return err
 	}
-	hello, weights, err := c.node.Connect(l.domain)
+	hello, weights, err := c.node.Connect(time.Now(), l.domain)
 	if err != nil {
 		return err
 	}

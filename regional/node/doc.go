@@ -15,7 +15,7 @@
 //	n.Restore(ctx, now) // with Marks, a stable id: the long windows in progress
 //	n.Link(now)         // every coordinated share is 0 until granted
 //	// on every (re)connect to a domain's coordinator:
-//	hello, weights, _ := n.Connect("api") // send them first
+//	hello, weights, _ := n.Connect(time.Now(), "api") // send them first
 //	// for every assignment received:
 //	_, ack, err := n.Assign(now, a) // send ack unless err
 //	// every report interval:

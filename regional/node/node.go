@@ -151,8 +151,8 @@ const WindowGuard = 500 * time.Millisecond
 // Now converts a reading of the instance's clock into the coordinator's
 // time, which the engine runs on: its windows are cut on it, so that
 // every instance of every region cuts them at the same instants (within
-// Skew). Until an assignment echoes a report, it returns local as it is.
-// Every engine call of the instance takes it: the peer sync, the servers,
+// Skew). Until an assignment echoes its hello or a report, it returns
+// local as it is. Every engine call of the instance takes it: the peer sync, the servers,
 // SyncOut and Inbound. Link, Assign, Expire, Leave, Reconfigure and
 // Reports take the instance's own clock and convert it themselves.
 func (n *Node) Now(local time.Time) time.Time {
@@ -221,8 +221,9 @@ func (n *Node) link(domain string) (*coordinator.Instance, error) {
 
 // Connect says a new stream to domain's coordinator begins: until a full
 // grant arrives, other assignments are refused. It returns the hello to
-// send: the latest assignment and grant applied, and the weights held.
-func (n *Node) Connect(domain string) (coordinator.Ack, []coordinator.Weight, error) {
+// send at local (the instance's clock): the latest assignment and grant
+// applied, and the weights held.
+func (n *Node) Connect(local time.Time, domain string) (coordinator.Ack, []coordinator.Weight, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	x, err := n.link(domain)
@@ -231,6 +232,7 @@ func (n *Node) Connect(domain string) (coordinator.Ack, []coordinator.Weight, er
 	}
 	x.Reconnect()
 	ack, ws := x.Hello()
+	ack.SentAt = local
 	return ack, ws, nil
 }
 
@@ -296,7 +298,20 @@ func (n *Node) Assign(local time.Time, a coordinator.Assignment) ([]coordinator.
 		pooled = x
 	}
 	applied, err := n.set(now, a.Domain, shares, pooled, &ack)
-	if extras := x.TakeExtras(); moves {
+	extras := x.TakeExtras()
+	if e := x.TakeEarly(); e != nil {
+		// A grant that came before this full grant, which it follows
+		// (the coordinator sent it later): it applies now, as it would
+		// have right after it, and its ack says both were applied.
+		// One that the Instance refuses now (expired) is as late as any.
+		if shares, later, aerr := x.Apply(now, *e); aerr == nil {
+			more, serr := n.set(now, a.Domain, shares, pooled, &later)
+			later.Released = append(ack.Released, later.Released...)
+			applied, ack, err = append(applied, more...), later, errors.Join(err, serr)
+			extras = append(extras, x.TakeExtras()...)
+		}
+	}
+	if moves {
 		n.addExtras(now, a.Domain, extras, skew)
 		n.wants(now, a.Domain, applied, x, &ack)
 	}

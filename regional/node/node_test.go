@@ -73,7 +73,7 @@ func TestNodeHoldsNothingUntilGranted(t *testing.T) {
 	if n.Ready() == nil {
 		t.Fatal("Ready before any grant")
 	}
-	hello, ws, err := n.Connect("api")
+	hello, ws, err := n.Connect(start, "api")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,10 +197,11 @@ limits:
 	}
 }
 
-// An instance whose clock reads 300ms behind the coordinator's runs its
-// engine on the coordinator's time once an assignment echoes one of its
-// reports: its windows start when the coordinator's do, within Skew.
-func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
+// behindNode is a linked instance us-1 whose clock reads 300ms behind
+// the coordinator's, and a Fleet: *coord is the coordinator's time, which
+// the test advances, and local() the instance's.
+func behindNode(t *testing.T) (*coordinator.Fleet, *node.Node, *time.Time, func() time.Time) {
+	t.Helper()
 	const behind = 300 * time.Millisecond
 	cfg := parse(t, cfgText)
 	f, err := coordinator.NewFleet(t0, coordinator.FleetConfig{Coordinator: coordinator.Config{Domain: cfg.Domain("api"), Term: 1, Period: time.Second}}, coordinator.Snapshot{}, nil)
@@ -213,21 +214,30 @@ func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
 	if err := n.Link(local()); err != nil {
 		t.Fatal(err)
 	}
+	return f, n, &coord, local
+}
+
+// An instance whose clock reads 300ms behind the coordinator's runs its
+// engine on the coordinator's time once an assignment echoes its hello
+// or one of its reports: its windows start when the coordinator's do,
+// within Skew.
+func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
+	f, n, coord, local := behindNode(t)
 	if n.Skew() != -1 || !n.Now(local()).Equal(local()) {
 		t.Fatalf("before any echo: skew %v, Now off by %v", n.Skew(), n.Now(local()).Sub(local()))
 	}
-	hello, ws, err := n.Connect("api")
+	hello, ws, err := n.Connect(local(), "api")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd, err := f.Attach(coord, "us", "us-1", false, hello, ws)
+	rd, err := f.Attach(*coord, "us", "us-1", false, hello, ws)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const oneWay = 20 * time.Millisecond
 	deliver := func(rd coordinator.Ready) {
 		t.Helper()
-		coord = coord.Add(oneWay)
+		*coord = coord.Add(oneWay)
 		for _, a := range rd.Send {
 			if _, _, err := n.Assign(local(), a); err != nil {
 				t.Fatal(err)
@@ -237,18 +247,18 @@ func TestNodeRunsOnTheCoordinatorsClock(t *testing.T) {
 	deliver(rd)
 	for range 3 { // a report, its echo in the next grant
 		reps := n.Reports(local())
-		coord = coord.Add(oneWay)
-		if _, err := f.Step(coord, reps[0]); err != nil {
+		*coord = coord.Add(oneWay)
+		if _, err := f.Step(*coord, reps[0]); err != nil {
 			t.Fatal(err)
 		}
-		coord = coord.Add(time.Second)
-		deliver(f.Tick(coord))
+		*coord = coord.Add(time.Second)
+		deliver(f.Tick(*coord))
 	}
 	skew := n.Skew()
 	if skew < 0 || skew > oneWay+time.Millisecond {
 		t.Fatalf("skew %v, want at most the one-way delay %v", skew, oneWay)
 	}
-	if d := n.Now(local()).Sub(coord); d > skew || -d > skew {
+	if d := n.Now(local()).Sub(*coord); d > skew || -d > skew {
 		t.Fatalf("Now is %v off the coordinator's clock, beyond its skew %v", d, skew)
 	}
 	if g := n.Engine().WindowGuard(); g != node.WindowGuard {
@@ -279,7 +289,7 @@ func TestNodeRestoresItsLongWindows(t *testing.T) {
 		if err := n.Link(now); err != nil {
 			t.Fatal(err)
 		}
-		hello, ws, err := n.Connect("api")
+		hello, ws, err := n.Connect(now, "api")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -368,7 +378,7 @@ func TestNodeMovesAllowanceWithinAWindow(t *testing.T) {
 		if err := n.Link(now); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := n.Connect("api"); err != nil {
+		if _, _, err := n.Connect(now, "api"); err != nil {
 			t.Fatal(err)
 		}
 		nodes[region] = n
@@ -398,5 +408,39 @@ func TestNodeMovesAllowanceWithinAWindow(t *testing.T) {
 	us, eu := admitted(t, nodes["us"].Engine(), now, 100), admitted(t, nodes["eu"].Engine(), now, 100)
 	if us != 20 || eu != 50 {
 		t.Fatalf("after the move us admitted %d more (want 20) and eu %d (want 50): the window holds %d, want L = 100", us, eu, 30+us+eu)
+	}
+}
+
+// TestNodeKnowsItsClockFromItsFirstGrant: the full grant that answers an
+// instance's hello echoes it, so the instance runs on the coordinator's
+// time, within the error measured, and may move a long window's
+// allowance, from its first grant on rather than from its first report's
+// echo (a region's second instance, granted nothing of the window its
+// first one may have spent, then gets what the first gives up when they
+// are divided: long-window-startup.yaml).
+func TestNodeKnowsItsClockFromItsFirstGrant(t *testing.T) {
+	f, n, coord, local := behindNode(t)
+	const oneWay = 20 * time.Millisecond
+	hello, ws, err := n.Connect(local(), "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	*coord = coord.Add(oneWay)
+	rd, err := f.Attach(*coord, "us", "us-1", false, hello, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	*coord = coord.Add(oneWay)
+	for _, a := range rd.Send {
+		if _, _, err := n.Assign(local(), a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	skew := n.Skew()
+	if skew < 0 || skew > oneWay+time.Millisecond {
+		t.Fatalf("skew %v after the first grant, want at most the one-way delay %v", skew, oneWay)
+	}
+	if d := n.Now(local()).Sub(*coord); d > skew || -d > skew {
+		t.Fatalf("Now off the coordinator's time by %v, more than its error %v", d, skew)
 	}
 }

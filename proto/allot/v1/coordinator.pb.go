@@ -269,7 +269,11 @@ type Hello struct {
 	// leaving: the instance left (a graceful stop) and holds nothing, as its
 	// leaving ack said; a new leader frees at once what it held, even when
 	// the configuration no longer lists its region
-	Leaving       bool `protobuf:"varint,8,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	Leaving bool `protobuf:"varint,8,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	// sent_at: when the instance sent the hello, by its own clock; the full
+	// grant that answers it echoes it (ClockEcho), so that the instance
+	// knows its clock's offset before its first report
+	SentAt        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +362,13 @@ func (x *Hello) GetLeaving() bool {
 		return x.Leaving
 	}
 	return false
+}
+
+func (x *Hello) GetSentAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SentAt
+	}
+	return nil
 }
 
 // DemandReport is a region's traffic since its previous report: per limit,
@@ -1194,7 +1205,7 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\trejection\x18\x02 \x01(\v2\x13.allot.v1.RejectionH\x00R\trejectionB\x05\n" +
 	"\x03msg\"%\n" +
 	"\tRejection\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage\"\xe4\x01\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\x99\x02\n" +
 	"\x05Hello\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
@@ -1203,7 +1214,8 @@ const file_allot_v1_coordinator_proto_rawDesc = "" +
 	"\binstance\x18\x05 \x01(\tR\binstance\x12\x1b\n" +
 	"\tgrant_seq\x18\x06 \x01(\x04R\bgrantSeq\x12*\n" +
 	"\aweights\x18\a \x03(\v2\x10.allot.v1.WeightR\aweights\x12\x18\n" +
-	"\aleaving\x18\b \x01(\bR\aleaving\"\x99\x01\n" +
+	"\aleaving\x18\b \x01(\bR\aleaving\x123\n" +
+	"\asent_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\x99\x01\n" +
 	"\fDemandReport\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12*\n" +
@@ -1307,29 +1319,30 @@ var file_allot_v1_coordinator_proto_depIdxs = []int32{
 	7,  // 3: allot.v1.CoordinatorMessage.assignment:type_name -> allot.v1.ShareAssignment
 	2,  // 4: allot.v1.CoordinatorMessage.rejection:type_name -> allot.v1.Rejection
 	11, // 5: allot.v1.Hello.weights:type_name -> allot.v1.Weight
-	14, // 6: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
-	5,  // 7: allot.v1.DemandReport.limits:type_name -> allot.v1.LimitDemand
-	6,  // 8: allot.v1.LimitDemand.keys:type_name -> allot.v1.KeyDemand
-	12, // 9: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
-	9,  // 10: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
-	8,  // 11: allot.v1.ShareAssignment.clock:type_name -> allot.v1.ClockEcho
-	14, // 12: allot.v1.ClockEcho.report_at:type_name -> google.protobuf.Timestamp
-	14, // 13: allot.v1.ClockEcho.received:type_name -> google.protobuf.Timestamp
-	14, // 14: allot.v1.ClockEcho.sent:type_name -> google.protobuf.Timestamp
-	14, // 15: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
-	11, // 16: allot.v1.Grant.weights:type_name -> allot.v1.Weight
-	10, // 17: allot.v1.Grant.extras:type_name -> allot.v1.Moved
-	14, // 18: allot.v1.Moved.window:type_name -> google.protobuf.Timestamp
-	14, // 19: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
-	10, // 20: allot.v1.AssignmentAck.released:type_name -> allot.v1.Moved
-	10, // 21: allot.v1.AssignmentAck.wanted:type_name -> allot.v1.Moved
-	0,  // 22: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
-	1,  // 23: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	14, // 6: allot.v1.Hello.sent_at:type_name -> google.protobuf.Timestamp
+	14, // 7: allot.v1.DemandReport.at:type_name -> google.protobuf.Timestamp
+	5,  // 8: allot.v1.DemandReport.limits:type_name -> allot.v1.LimitDemand
+	6,  // 9: allot.v1.LimitDemand.keys:type_name -> allot.v1.KeyDemand
+	12, // 10: allot.v1.ShareAssignment.shares:type_name -> allot.v1.Share
+	9,  // 11: allot.v1.ShareAssignment.grant:type_name -> allot.v1.Grant
+	8,  // 12: allot.v1.ShareAssignment.clock:type_name -> allot.v1.ClockEcho
+	14, // 13: allot.v1.ClockEcho.report_at:type_name -> google.protobuf.Timestamp
+	14, // 14: allot.v1.ClockEcho.received:type_name -> google.protobuf.Timestamp
+	14, // 15: allot.v1.ClockEcho.sent:type_name -> google.protobuf.Timestamp
+	14, // 16: allot.v1.Grant.expires:type_name -> google.protobuf.Timestamp
+	11, // 17: allot.v1.Grant.weights:type_name -> allot.v1.Weight
+	10, // 18: allot.v1.Grant.extras:type_name -> allot.v1.Moved
+	14, // 19: allot.v1.Moved.window:type_name -> google.protobuf.Timestamp
+	14, // 20: allot.v1.Share.since:type_name -> google.protobuf.Timestamp
+	10, // 21: allot.v1.AssignmentAck.released:type_name -> allot.v1.Moved
+	10, // 22: allot.v1.AssignmentAck.wanted:type_name -> allot.v1.Moved
+	0,  // 23: allot.v1.Coordinator.Connect:input_type -> allot.v1.RegionMessage
+	1,  // 24: allot.v1.Coordinator.Connect:output_type -> allot.v1.CoordinatorMessage
+	24, // [24:25] is the sub-list for method output_type
+	23, // [23:24] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_coordinator_proto_init() }
