@@ -734,6 +734,9 @@ func (f *Fleet) Step(now time.Time, m Message) (Ready, error) {
 		f.fill(now, touched, &rd)
 		return rd, nil
 	case Report:
+		if m.At.Equal(in.lastAt) && !m.At.IsZero() {
+			return Ready{}, nil // sent again on a new stream (regional/node.Node.LastReport): taken already
+		}
 		if err := f.checkReport(in, m); err != nil {
 			return Ready{}, err
 		}

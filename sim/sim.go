@@ -595,9 +595,10 @@ func (w *world) farewell(r *region) {
 }
 
 // connect opens instance in's stream to the coordinator running now: its
-// hello, then the coordinator's full grant.
+// hello and its latest report, then the coordinator's full grant.
 func (w *world) connect(r *region, in *instance) {
-	hello, weights, err := in.n.Connect(w.clock(r), w.dom.Name)
+	local := w.clock(r)
+	hello, weights, err := in.n.Connect(local, w.dom.Name)
 	if err != nil {
 		panic(err) // the domain is the world's own
 	}
@@ -611,6 +612,12 @@ func (w *world) connect(r *region, in *instance) {
 			panic(err) // the instance and region are the world's own
 		}
 		w.ready(rd)
+		// On the same stream, after the hello: its latest report again.
+		if rep, ok := in.n.LastReport(local, w.dom.Name, w.sc.ReportEvery); ok {
+			if rd, err := w.coord.Step(w.now, rep); err == nil {
+				w.ready(rd)
+			}
+		}
 	})
 }
 

@@ -332,12 +332,17 @@ func (c *Client) session(ctx context.Context, cc *grpc.ClientConn, l *link) erro
 	if err != nil {
 		return err
 	}
-	hello, weights, err := c.node.Connect(time.Now(), l.domain)
+	hello, weights, err := c.node.Connect(c.opts.Now(), l.domain)
 	if err != nil {
 		return err
 	}
 	if err := st.Send(wire.Hello(hello, weights)); err != nil {
 		return err
+	}
+	if r, ok := c.node.LastReport(c.opts.Now(), l.domain, c.opts.ReportEvery); ok && !hello.Leaving {
+		if err := st.Send(wire.Report(r)); err != nil { // a new leader knows its demand at once
+			return err
+		}
 	}
 	c.metrics.connected(l.domain, true)
 	acks := make(chan coordinator.Ack, 16)

@@ -59,6 +59,10 @@ type Node struct {
 	// offset and skew are the clock's estimate (ns), read on every request.
 	offset, skew atomic.Int64
 
+	// last are, by domain, the latest reports Reports made, which a new
+	// stream sends again after its hello (LastReport).
+	last map[string]coordinator.Report
+
 	rmu      sync.Mutex
 	received []regional.Batch // peers' batches since the last merge (with Counts)
 }
@@ -545,10 +549,31 @@ func (n *Node) Reports(now time.Time) []coordinator.Report {
 		}
 	}
 	out := make([]coordinator.Report, 0, len(byDomain))
+	if n.last == nil {
+		n.last = map[string]coordinator.Report{}
+	}
 	for _, d := range slices.Sorted(maps.Keys(byDomain)) {
 		out = append(out, *byDomain[d])
+		n.last[d] = *byDomain[d]
 	}
 	return out
+}
+
+// LastReport returns the latest report Reports made for domain, if it
+// was made at most maxAge before local (the instance's clock), for a new
+// stream to send right after its hello: a new leader takes it as the
+// instance's first report, so that it knows the instance's demand a
+// report interval sooner (after a failover, the first rebalance that
+// knew every region's demand came up to a report interval late, and
+// missed a window); the leader that took it already ignores it.
+func (n *Node) LastReport(local time.Time, domain string, maxAge time.Duration) (coordinator.Report, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r, ok := n.last[domain]
+	if !ok || local.Sub(r.At) > maxAge || local.Before(r.At) {
+		return coordinator.Report{}, false
+	}
+	return r, true
 }
 
 // SyncOut is the instance's side of a peer sync tick: the batches to send

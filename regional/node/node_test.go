@@ -444,3 +444,40 @@ func TestNodeKnowsItsClockFromItsFirstGrant(t *testing.T) {
 		t.Fatalf("Now off the coordinator's time by %v, more than its error %v", d, skew)
 	}
 }
+
+// TestNodeSendsItsLatestReportAgain: a new stream sends the latest report
+// again right after its hello (LastReport), if it is recent: a new leader
+// then knows the instance's demand at once. A leader that took it already
+// ignores it; a new one takes it as the instance's first report.
+func TestNodeSendsItsLatestReportAgain(t *testing.T) {
+	f, n, coord, local := behindNode(t)
+	if _, ok := n.LastReport(local(), "api", time.Second); ok {
+		t.Fatal("a latest report before any report")
+	}
+	if got := admitted(t, n.Engine(), local(), 3); got != 0 {
+		t.Fatalf("admitted %d before any grant", got)
+	}
+	reps := n.Reports(local())
+	last, ok := n.LastReport(local().Add(500*time.Millisecond), "api", time.Second)
+	if !ok || !last.At.Equal(reps[0].At) || len(last.Limits) == 0 || last.Limits[0].Rejected != 3 {
+		t.Fatalf("latest report %+v (%v), want the one made: %+v", last, ok, reps[0])
+	}
+	if _, ok := n.LastReport(local().Add(2*time.Second), "api", time.Second); ok {
+		t.Fatal("a latest report older than its maximal age")
+	}
+	hello, ws, err := n.Connect(local(), "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Attach(*coord, "us", "us-1", false, hello, ws); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 { // a new leader takes it; sent again, it is ignored
+		if _, err := f.Step(*coord, last); err != nil {
+			t.Fatalf("report sent again (%d): %v", i, err)
+		}
+	}
+	if got := f.Coordinator().Stats().Reports; got != 1 {
+		t.Fatalf("%d reports taken, want the one sent again, once", got)
+	}
+}
