@@ -70,31 +70,47 @@ type needyKey struct {
 	creditWin uint64
 }
 
-// lentKey is what a split-mode sliding-window key lent of window win:
-// its amount in that window is lowered by it (debit) rather than its
-// count raised, so that the window's count, which the next window weighs
-// as the one before, holds only what the region admitted itself. The
-// borrower's count holds what it admitted of the loan: counted once, the
-// loan does not weigh on both regions' next window (a region that lent
-// most of its window could lend or admit little of the next until its
-// weight had decayed). The lock of its table shard guards it.
+// lentKey is what a split-mode sliding-window key lent of window win.
+// A loan is counted in the lender's window, as spent there; once that
+// window is the one before, which a sliding window weighs, it is taken
+// out of its count again (unweigh): the borrower's count holds what it
+// admitted of the loan, and counted at both, a loan weighed on both
+// regions' next window (a region that lent most of its window could lend
+// or admit little of the next until that weight had decayed). The lock
+// of its table shard guards it.
 type lentKey struct {
-	ss    *limitSync
-	win   uint64
-	debit float64
+	ss   *limitSync
+	win  uint64
+	lent float64
+	done bool // taken out of the window before's count
+}
+
+// unweigh takes what key h lent of the window before out of slot s's
+// count of it, once, where s holds that window as the one before. The
+// caller holds the key's shard lock.
+func (ss *limitSync) unweigh(h uint64, s *slot, p params, now int64) {
+	side := &ss.ps.side[shardOf(h)]
+	if len(side.lent) == 0 || p.alg != allot.SlidingWindow || p.period != ss.period {
+		return
+	}
+	lk := side.lent[h]
+	if lk == nil || lk.done || lk.win+1 != ss.window(now) {
+		return
+	}
+	roll(s, now, p)
+	if s.t == int64(lk.win+1)*ss.period {
+		s.b = max(0, s.b-lk.lent)
+	}
+	lk.done = true
 }
 
 // borrowed raises a sliding_window work's amount by the loans its key
-// was credited in the current window, and lowers it by what the key
-// lent of it. The caller holds the key's shard lock.
+// was credited in the current window. The caller holds the key's shard
+// lock.
 func (ss *limitSync) borrowed(w *work, now int64) {
 	side := &ss.ps.side[shardOf(w.key)]
-	if len(side.needy)+len(side.lent) == 0 || w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
+	if len(side.needy) == 0 || w.p.alg != allot.SlidingWindow || w.p.period != ss.period {
 		return
-	}
-	if lk := side.lent[w.key]; lk != nil && lk.win == ss.window(now) {
-		w.p.amount -= lk.debit
-		w.p.burst -= lk.debit
 	}
 	nk := side.needy[w.key]
 	if nk == nil {
@@ -173,6 +189,42 @@ func (nk *needyKey) aheadAt(cur, rejected float64, now int64) float64 {
 	return max(0, cur+rate*left-nk.amount-credit)
 }
 
+// lentOf records that key h lent n of window win (see lentKey); beyond
+// maxNeedyPerShard keys a shard records nothing: the loan then weighs on
+// the lender's next window too, as it did before. The caller holds the
+// key's shard lock.
+func (ss *limitSync) lentOf(h uint64, win uint64, n float64) {
+	if ss.period <= 0 {
+		return
+	}
+	side := &ss.ps.side[shardOf(h)]
+	lk := side.lent[h]
+	if lk == nil {
+		if len(side.lent) >= maxNeedyPerShard {
+			return
+		}
+		if side.lent == nil {
+			side.lent = map[uint64]*lentKey{}
+		}
+		lk = &lentKey{ss: ss, win: win}
+		side.lent[h] = lk
+	}
+	if lk.win != win {
+		lk.win, lk.lent, lk.done = win, 0, false
+	}
+	lk.lent += n
+}
+
+// lentIn is what key h lent of window win (0: nothing recorded), which
+// its count holds but its own pace does not (ahead). The caller holds the
+// key's shard lock.
+func (ss *limitSync) lentIn(h uint64, win uint64) float64 {
+	if lk := ss.ps.side[shardOf(h)].lent[h]; lk != nil && lk.win == win {
+		return lk.lent
+	}
+	return 0
+}
+
 // lacks reports whether key nk, with an ask in flight, will lack
 // allowance by its window's end at its own pace in the window (aheadAt,
 // without what the window before was refused): a key that asks for what
@@ -188,7 +240,7 @@ func (nk *needyKey) lacks(sh *shard, now int64) bool {
 	}
 	s := &sh.slots[idx]
 	roll(s, now, params{period: nk.ss.period})
-	return nk.aheadAt(s.a, nk.own, now) >= 0.5
+	return nk.aheadAt(s.a-nk.ss.lentIn(nk.key, nk.ss.window(now)), nk.own, now) >= 0.5
 }
 
 // LoanAsk is a loan this region asks a peer for.
@@ -264,7 +316,7 @@ func (e *Engine) LoanAsks(now time.Time) []LoanAsk {
 			if idx := sh.find(nk.key); idx >= 0 && nk.amount >= 0 {
 				s := &sh.slots[idx]
 				roll(s, t, params{period: nk.ss.period})
-				want = max(want, nk.ahead(s.a, t)/2)
+				want = max(want, nk.ahead(s.a-nk.ss.lentIn(nk.key, win), t)/2)
 			}
 			if !nk.noted && want < 0.5 {
 				continue
@@ -466,31 +518,12 @@ func (e *Engine) Lend(now time.Time, req LoanRequest) (LoanGrant, error) {
 			hist.catchUp(&sh.slots[idx], base, ls.changeFor(base))
 		}
 		s := &sh.slots[idx]
-		var lk *lentKey
-		if p.alg == allot.SlidingWindow && p.period == ss.period {
-			if lk = side.lent[h]; lk == nil && len(side.lent) < maxNeedyPerShard {
-				if side.lent == nil {
-					side.lent = map[uint64]*lentKey{}
-				}
-				lk = &lentKey{ss: ss, win: win}
-				side.lent[h] = lk
-			}
-			if lk != nil && lk.win != win {
-				lk.win, lk.debit = win, 0
-			}
-			if lk != nil {
-				p.amount -= lk.debit
-				p.burst -= lk.debit
-			}
-		}
-		switch n := math.Floor(min(float64(req.Amount), available(s, t, p)*lendFraction)); {
-		case n >= 1 && lk != nil:
-			g.Granted, lk.debit = int64(n), lk.debit+n
-			p.amount -= n
-		case n >= 1 && take(s, t, p, n, false).allowed:
+		ss.unweigh(h, s, p, t)
+		if n := math.Floor(min(float64(req.Amount), available(s, t, p)*lendFraction)); n >= 1 && take(s, t, p, n, false).allowed {
 			g.Granted = int64(n)
 			sh.noteWindow(ls, base, s)
-		default:
+			ss.lentOf(h, win, n)
+		} else {
 			g.Refused = "no_spare"
 		}
 		g.Remaining = int64(math.Floor(available(s, t, p) * lendFraction))

@@ -375,6 +375,9 @@ func (t *table) apply(now int64, items []Item, ws []work, sts []allot.LimitStatu
 		} else if w.same < 0 && ss == nil {
 			hist.catchUp(&sh.slots[idx], base, w.ls.changeFor(base))
 		}
+		if sy := w.ls.shares.sync.Load(); ss == nil && !created && sy != nil && sy.ps.table == t && !sy.shared {
+			sy.unweigh(w.key, &sh.slots[idx], w.p, now) // a split key's loans of the window before (borrow.go)
+		}
 		if ss != nil && w.same < 0 {
 			t.inject(sh, idx, w, ss, items, now, created, stale)
 		}

@@ -851,7 +851,7 @@ func (e *Engine) maintain(now time.Time) {
 			}
 		}
 		for h, lk := range side.lent {
-			if lk.win < lk.ss.window(t) {
+			if lk.win+1 < lk.ss.window(t) {
 				delete(side.lent, h)
 			}
 		}
