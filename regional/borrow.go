@@ -238,9 +238,15 @@ func (nk *needyKey) lacks(sh *shard, now int64) bool {
 	if idx < 0 || nk.amount < 0 {
 		return true
 	}
-	s := &sh.slots[idx]
+	return nk.aheadAt(nk.ownCount(&sh.slots[idx], now), nk.own, now) >= 0.5
+}
+
+// ownCount is key nk's count in the window that holds now (slot s, rolled
+// to it), less what it lent of that window: its count holds its loans,
+// its own pace (ahead) does not. The caller holds the key's shard lock.
+func (nk *needyKey) ownCount(s *slot, now int64) float64 {
 	roll(s, now, params{period: nk.ss.period})
-	return nk.aheadAt(s.a-nk.ss.lentIn(nk.key, nk.ss.window(now)), nk.own, now) >= 0.5
+	return s.a - nk.ss.lentIn(nk.key, nk.ss.window(now))
 }
 
 // LoanAsk is a loan this region asks a peer for.
@@ -314,9 +320,7 @@ func (e *Engine) LoanAsks(now time.Time) []LoanAsk {
 			// asked once it runs short at the end comes too late.
 			want := nk.wanted // doubled below
 			if idx := sh.find(nk.key); idx >= 0 && nk.amount >= 0 {
-				s := &sh.slots[idx]
-				roll(s, t, params{period: nk.ss.period})
-				want = max(want, nk.ahead(s.a-nk.ss.lentIn(nk.key, win), t)/2)
+				want = max(want, nk.ahead(nk.ownCount(&sh.slots[idx], t), t)/2)
 			}
 			if !nk.noted && want < 0.5 {
 				continue

@@ -156,9 +156,10 @@ const WindowGuard = 500 * time.Millisecond
 // time, which the engine runs on: its windows are cut on it, so that
 // every instance of every region cuts them at the same instants (within
 // Skew). Until an assignment echoes its hello or a report, it returns
-// local as it is. Every engine call of the instance takes it: the peer sync, the servers,
-// SyncOut and Inbound. Link, Assign, Expire, Leave, Reconfigure and
-// Reports take the instance's own clock and convert it themselves.
+// local as it is. Every engine call of the instance takes it: the peer
+// sync, the servers, SyncOut and Inbound. Link, Assign, Expire, Leave,
+// Reconfigure and Reports take the instance's own clock and convert it
+// themselves.
 func (n *Node) Now(local time.Time) time.Time {
 	return local.Add(time.Duration(n.offset.Load()))
 }
